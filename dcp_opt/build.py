@@ -1,0 +1,41 @@
+"""Assemble a Plan from the groups a planner chose: idle ranks filled, fingerprint stamped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .batch import Batch
+from .cost import CostModel, default_normalizer_kind, loss_normalizer, plan_fingerprint
+from .plan import Group, Phase, Plan
+
+
+def fill_idle(groups: Iterable[Group], num_ranks: int) -> tuple[Group, ...]:
+    """Add a degree-1 idle group for every rank no group covers; sort by start rank."""
+    groups = list(groups)
+    covered = {r for g in groups for r in g.ranks}
+    groups += [Group(r, 1, ()) for r in range(num_ranks) if r not in covered]
+    return tuple(sorted(groups, key=lambda g: g.start_rank))
+
+
+def make_plan(
+    phases: Iterable[Iterable[Group]],
+    batch: Batch,
+    cost: CostModel,
+    *,
+    planner: str,
+    normalizer_kind: str | None = None,
+    meta: dict | None = None,
+    predicted_step_time_s: float | None = None,
+) -> Plan:
+    n = cost.cluster.num_gpus
+    kind = normalizer_kind or default_normalizer_kind(cost.model)
+    return Plan(
+        phases=tuple(Phase(fill_idle(gs, n)) for gs in phases),
+        num_ranks=n,
+        loss_normalizer=loss_normalizer(batch, kind),
+        normalizer_kind=kind,
+        fingerprint=plan_fingerprint(batch, cost),
+        planner=planner,
+        predicted_step_time_s=predicted_step_time_s,
+        meta=meta or {},
+    )

@@ -1,0 +1,191 @@
+"""The cluster as frozen data: nodes, GPUs, memory, speed and bandwidth.
+
+Process groups never live here (they belong to dcp_opt.runtime); a Cluster only says which
+SP degrees exist and where a group of each degree may be placed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+from .errors import DcpOptError, require
+
+GB = 1e9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs in `num_nodes` nodes of `gpus_per_node`; ranks are numbered node by node.
+
+    Bandwidths are per GPU, in bytes/s, as one GPU sees them in an all-to-all:
+    `intra_node_bw` over NVLink inside a node, `inter_node_bw` over the NIC across nodes.
+    `speed_factors` / `memory_per_rank` describe mixed clusters (one entry per rank).
+    """
+
+    name: str
+    num_nodes: int
+    gpus_per_node: int
+    memory_bytes: float
+    peak_flops: float
+    intra_node_bw: float
+    inter_node_bw: float
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 2e-5
+    speed_factors: tuple[float, ...] | None = None
+    memory_per_rank: tuple[float, ...] | None = None
+    degrees: tuple[int, ...] | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        require(
+            isinstance(self.num_nodes, int) and self.num_nodes >= 1,
+            "cluster.num_nodes",
+            f"must be an integer >= 1, got {self.num_nodes!r}",
+        )
+        require(
+            isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1,
+            "cluster.gpus_per_node",
+            f"must be an integer >= 1, got {self.gpus_per_node!r}",
+        )
+        for name in ("memory_bytes", "peak_flops", "intra_node_bw", "inter_node_bw"):
+            value = getattr(self, name)
+            require(value > 0, f"cluster.{name}", f"must be > 0, got {value!r}")
+        n = self.num_gpus
+        for name in ("speed_factors", "memory_per_rank"):
+            value = getattr(self, name)
+            if value is not None:
+                require(
+                    len(value) == n and all(v > 0 for v in value),
+                    f"cluster.{name}",
+                    f"must hold {n} positive numbers (one per rank), got {value!r}",
+                )
+        if self.degrees is not None:
+            natural = set(self._natural_degrees())
+            bad = [d for d in self.degrees if d not in natural]
+            require(
+                not bad and len(self.degrees) > 0,
+                "cluster.degrees",
+                f"{bad or 'empty'} not allowed; allowed: {sorted(natural)}",
+            )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def rank_speed(self, rank: int) -> float:
+        return 1.0 if self.speed_factors is None else self.speed_factors[rank]
+
+    def rank_memory(self, rank: int) -> float:
+        return self.memory_bytes if self.memory_per_rank is None else self.memory_per_rank[rank]
+
+    def _natural_degrees(self) -> list[int]:
+        # Inside a node: powers of two that divide the node, plus the whole node. Across
+        # nodes: whole nodes in powers of two, plus the whole cluster. This keeps every
+        # group on one node or on whole nodes, and the pool of process groups small (~2N).
+        g, n = self.gpus_per_node, self.num_gpus
+        out = {d for d in _powers_of_two(g) if g % d == 0} | {g}
+        out |= {g * k for k in _powers_of_two(self.num_nodes)} | {n}
+        return sorted(out)
+
+    @cached_property
+    def allowed_degrees(self) -> tuple[int, ...]:
+        """SP degrees a group may have, ascending."""
+        return tuple(sorted(self.degrees)) if self.degrees else tuple(self._natural_degrees())
+
+    def placements(self, degree: int) -> tuple[int, ...]:
+        """Start ranks of the aligned placements of a group of `degree` (start % degree == 0)."""
+        if degree not in self.allowed_degrees:
+            raise DcpOptError(
+                f"degree: {degree} not allowed; allowed: {list(self.allowed_degrees)}"
+            )
+        return tuple(range(0, self.num_gpus - degree + 1, degree))
+
+    def spans_nodes(self, start: int, degree: int) -> bool:
+        return self.node_of(start) != self.node_of(start + degree - 1)
+
+    def group_speed(self, start: int, degree: int) -> float:
+        """A group runs at the pace of its slowest member."""
+        if self.speed_factors is None:
+            return 1.0
+        return min(self.speed_factors[start : start + degree])
+
+    def group_memory(self, start: int, degree: int) -> float:
+        if self.memory_per_rank is None:
+            return self.memory_bytes
+        return min(self.memory_per_rank[start : start + degree])
+
+    @property
+    def total_speed(self) -> float:
+        return float(self.num_gpus if self.speed_factors is None else sum(self.speed_factors))
+
+    @property
+    def homogeneous(self) -> bool:
+        return self.speed_factors is None and self.memory_per_rank is None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("speed_factors", "memory_per_rank", "degrees"):
+            if d[k] is not None:
+                d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Cluster:
+        d = dict(d)
+        for k in ("speed_factors", "memory_per_rank", "degrees"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise DcpOptError(f"cluster: {e}") from None
+
+    def with_(self, **changes) -> Cluster:
+        d = self.to_dict()
+        d.update(changes)
+        return Cluster.from_dict(d)
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, p = [], 1
+    while p <= limit:
+        out.append(p)
+        p *= 2
+    return out
+
+
+# Presets. Peak = dense bf16 tensor FLOP/s from the vendor data sheets; bandwidths are per-GPU
+# unidirectional: NVLink4 900 GB/s bidirectional -> ~450 GB/s one way (H100/H200); A100 NVLink3
+# 600 -> 300 GB/s; one 400 Gb/s NDR NIC per GPU -> 50 GB/s (A100 nodes: 200 Gb/s -> 25 GB/s).
+def _h200(nodes: int, name: str) -> Cluster:
+    return Cluster(name, nodes, 8, 141 * GB, 989e12, 450 * GB, 50 * GB)
+
+
+CLUSTER_PRESETS: dict[str, Cluster] = {
+    "h200x8": _h200(1, "h200x8"),
+    "h200x24": _h200(3, "h200x24"),
+    "h200x32": _h200(4, "h200x32"),
+    "h200x256": _h200(32, "h200x256"),
+    "h200x1024": _h200(128, "h200x1024"),
+    "h100x64": Cluster("h100x64", 8, 8, 80 * GB, 989e12, 450 * GB, 50 * GB),
+    "a100x16": Cluster("a100x16", 2, 8, 80 * GB, 312e12, 300 * GB, 25 * GB),
+}
+
+
+def cluster_preset(name: str) -> Cluster:
+    """A preset by name; `h200xN` for any N that is a multiple of 8 (or N <= 8) works too."""
+    if name in CLUSTER_PRESETS:
+        return CLUSTER_PRESETS[name]
+    if name.startswith("h200x") and name[5:].isdigit():
+        n = int(name[5:])
+        if n >= 1 and (n <= 8 or n % 8 == 0):
+            nodes, per = (1, n) if n <= 8 else (n // 8, 8)
+            return Cluster(name, nodes, per, 141 * GB, 989e12, 450 * GB, 50 * GB)
+    raise DcpOptError(
+        f"cluster: unknown preset {name!r}; allowed: {sorted(CLUSTER_PRESETS)} or h200xN "
+        "(N <= 8 or a multiple of 8)"
+    )

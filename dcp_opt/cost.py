@@ -1,0 +1,418 @@
+"""Cost model: time and memory of one micro-batch at SP degree d with r recomputed layers.
+
+Every quantity is per layer and per block type (1D: "layer"; 2D: "spatial", "temporal") and
+is a function of additive features of the micro-batch, so packing sequences adds features:
+
+    Q_b  attention work of block b: 1D sum s^2 (causal); 2D spatial sum F*S^2, temporal sum S*F^2
+    T    tokens;   S  sequences
+
+Time of one block's forward on one GPU of speed 1 (fitted by the profiler, or from FLOPs):
+    t_b = quad_b * Q_b * heads_share(d) + (lin_b * T + seq_b * S) / d + const_b
+where heads_share(d) = ceil(H/d)/H: Ulysses splits attention by heads (Jacobs et al. 2023,
+DeepSpeed-Ulysses, sec. 3), so a degree that does not divide H leaves some ranks more heads.
+Backward has its own coefficients; a recomputed layer pays one more forward (Chen et al. 2016,
+"Training deep nets with sublinear memory cost"). Communication: Ulysses moves q, k, v and
+the attention output through all-to-alls (4 per layer forward; DeepSpeed-Ulysses eq. 1);
+2D dimension switching moves the activations twice per layer (Zhao et al. 2024, DSP, sec. 3).
+Each rank sends (d-1)/d of its T/d-token shard; the part leaving the node goes at the NIC rate.
+
+Memory per member (Korthikanti et al. 2022, "Reducing activation recomputation", sec. 4):
+model states + reserve + T/d * ((L - r) * act + r * ckpt + act + head), where the extra `act`
+is the working set of the one layer being recomputed or back-propagated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from .batch import Batch, Sequence
+from .cluster import GB, Cluster
+from .errors import DcpOptError, InfeasibleError
+from .model import ModelSpec
+
+SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class TermCoeffs:
+    """Seconds on one GPU of speed 1, for one block of one layer."""
+
+    quad: float = 0.0
+    lin: float = 0.0
+    seq: float = 0.0
+    const: float = 0.0
+
+
+@dataclass(frozen=True)
+class BlockCoeffs:
+    fwd: TermCoeffs
+    bwd: TermCoeffs
+
+
+@dataclass(frozen=True)
+class CostCoefficients:
+    blocks: dict[str, BlockCoeffs]
+    head_fwd_per_token_s: float
+    head_bwd_per_token_s: float
+    microbatch_overhead_s: float
+    a2a_bytes_per_token_layer: float
+    a2a_calls_per_layer: int
+    act_bytes_per_token_layer: float
+    ckpt_bytes_per_token_layer: float
+    head_bytes_per_token: float
+    reserved_bytes: float
+    source: str = "preset"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostCoefficients:
+        d = dict(d)
+        try:
+            d["blocks"] = {
+                k: BlockCoeffs(TermCoeffs(**v["fwd"]), TermCoeffs(**v["bwd"]))
+                for k, v in d["blocks"].items()
+            }
+            return cls(**d)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise DcpOptError(f"cost coefficients: malformed ({e})") from None
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Assumptions behind the FLOP-derived presets (docs/cost-model.md)."""
+
+    mfu_linear: float = 0.55  # matmul share of peak reached in training (Megatron reports ~0.5)
+    mfu_attention: float = 0.45  # FlashAttention-2/3 fwd+bwd share of peak on Hopper
+    bwd_linear_ratio: float = 2.0  # backward = 2x forward FLOPs (Narayanan et al. 2021, eq. 3)
+    bwd_attention_ratio: float = 2.5  # FlashAttention-2 backward ~2.5x forward (Dao 2023, sec. 3)
+    block_launch_s: float = 30e-6  # kernel launches of one block's forward
+    microbatch_overhead_s: float = 4e-3  # embedding, loss, data copy, hooks
+    reserved_bytes: float = 4 * GB  # CUDA context, NCCL buffers of many groups, fragmentation
+
+
+def flops_coefficients(
+    model: ModelSpec, cluster: Cluster, eff: Efficiency = Efficiency()
+) -> CostCoefficients:
+    """Coefficients from FLOP counts and the cluster's peak (no profile needed)."""
+    h, f, b = model.hidden, model.ffn_hidden, model.dtype_bytes
+    lin_rate = cluster.peak_flops * eff.mfu_linear
+    att_rate = cluster.peak_flops * eff.mfu_attention
+    # Forward FLOPs of the matmuls: 2 per parameter per token (Kaplan et al. 2020, sec. 2.1).
+    lin_flops = 2 * model.params_per_block
+    if model.kind == "1d":
+        quad_flops = 2 * h  # QK^T and PV: 4 s^2 h, halved by the causal mask
+        seq_flops = 0.0
+    else:
+        quad_flops = 4 * h  # full (non-causal) attention over the block's axis
+        lin_flops += 4 * h * model.text_tokens  # cross-attention scores and PV
+        seq_flops = 4 * h * h * model.text_tokens  # cross-attention k, v of the caption
+    fwd = TermCoeffs(
+        quad_flops / att_rate, lin_flops / lin_rate, seq_flops / lin_rate, eff.block_launch_s
+    )
+    bwd = TermCoeffs(
+        fwd.quad * eff.bwd_attention_ratio,
+        fwd.lin * eff.bwd_linear_ratio,
+        fwd.seq * eff.bwd_linear_ratio,
+        fwd.const * 2,
+    )
+    blocks = {name: BlockCoeffs(fwd, bwd) for name in model.block_types}
+    nb = len(model.block_types)
+    if model.kind == "1d":
+        head_flops = 2 * h * model.vocab_size
+        # Saved per token per layer (2-byte units), FlashAttention so no s^2 term: norm inputs
+        # 2h, qkv input h, q k v 3h, attention output h, MLP input h, gate/up/act/product 4f
+        # (SwiGLU; 2f for a plain MLP) -- Korthikanti et al. 2022 eq. 1 re-derived for Llama.
+        act = b * (8 * h + (4 if model.gated_mlp else 2) * f)
+        head_bytes = 6 * model.vocab_size  # bf16 logits + fp32 softmax of the loss
+        a2a = 4 * h * b
+        calls = 4
+    else:
+        head_flops = 2 * h * 64  # final projection to patch channels
+        act = nb * b * (13 * h + 2 * f)  # per block: attention 8h, cross 4h, MLP h + 2f
+        head_bytes = 4 * h * b
+        a2a = 2 * h * b
+        calls = 2
+    return CostCoefficients(
+        blocks=blocks,
+        head_fwd_per_token_s=head_flops / lin_rate,
+        head_bwd_per_token_s=2 * head_flops / lin_rate,
+        microbatch_overhead_s=eff.microbatch_overhead_s,
+        a2a_bytes_per_token_layer=a2a,
+        a2a_calls_per_layer=calls,
+        act_bytes_per_token_layer=act,
+        ckpt_bytes_per_token_layer=nb * b * h,
+        head_bytes_per_token=head_bytes,
+        reserved_bytes=eff.reserved_bytes,
+        source="flops",
+    )
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    compute_s: float
+    recompute_s: float
+    comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.recompute_s + self.comm_s
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Time and memory of micro-batches on a cluster, for one model.
+
+    `optimizer_sharding`: model states per GPU follow mixed-precision Adam (Rajbhandari et al.
+    2020, ZeRO, sec. 3): bf16 weights 2 B, fp32 gradient accumulator 4 B, fp32 master weights
+    and two moments 12 B per parameter; zero1 shards the 12 B, zero2 also the gradients, zero3
+    everything, over the whole world (as VideoSys' ZeRO-1 does).
+    """
+
+    model: ModelSpec
+    cluster: Cluster
+    coeffs: CostCoefficients = None  # type: ignore[assignment]
+    optimizer_sharding: str = "zero1"
+    usable_memory_fraction: float = 0.9
+    grad_reduce_bytes_per_param: float = 2.0
+    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.coeffs is None:
+            object.__setattr__(self, "coeffs", flops_coefficients(self.model, self.cluster))
+        if self.optimizer_sharding not in SHARDING_MODES:
+            raise DcpOptError(
+                f"optimizer_sharding: {self.optimizer_sharding!r} not allowed; "
+                f"allowed: {list(SHARDING_MODES)}"
+            )
+        if not 0 < self.usable_memory_fraction <= 1:
+            raise DcpOptError(
+                f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
+            )
+        missing = set(self.model.block_types) - set(self.coeffs.blocks)
+        if missing:
+            raise DcpOptError(
+                f"cost coefficients: no entry for block types {sorted(missing)} "
+                f"of model {self.model.name!r}"
+            )
+
+    def with_(self, **changes) -> CostModel:
+        return replace(self, _cache={}, **changes)
+
+    # ---- features ----------------------------------------------------------------------
+    @property
+    def num_features(self) -> int:
+        return len(self.model.block_types) + 2
+
+    def features(self, seq: Sequence) -> np.ndarray:
+        """Additive features of one sequence: [Q_b for each block type..., T, S]."""
+        if (seq.kind == "1d") != (self.model.kind == "1d"):
+            raise DcpOptError(
+                f"sequence {seq.id}: a {seq.kind} shape {seq.shape} does not fit the "
+                f"{self.model.kind} model {self.model.name!r}"
+            )
+        t = float(seq.num_tokens)
+        if self.model.kind == "1d":
+            return np.array([t * t, t, 1.0])
+        fr, sp = float(seq.frames), float(seq.spatial_tokens)
+        return np.array([fr * sp * sp, sp * fr * fr, t, 1.0])
+
+    def batch_features(self, batch: Batch) -> np.ndarray:
+        key = ("bf", batch.fingerprint())
+        if key not in self._cache:
+            self._cache[key] = np.stack([self.features(s) for s in batch.sequences])
+        return self._cache[key]
+
+    # ---- time --------------------------------------------------------------------------
+    def _heads_share(self, d: int) -> float:
+        h = self.model.num_heads
+        return math.ceil(h / d) / h
+
+    def _layer_vectors(self, d: int) -> tuple[np.ndarray, float, np.ndarray, float]:
+        """(w_fwd, c_fwd, w_bwd, c_bwd): one layer's time = features @ w + c at degree d."""
+        key = ("lv", d)
+        if key in self._cache:
+            return self._cache[key]
+        hs = self._heads_share(d)
+        nb = len(self.model.block_types)
+        out = []
+        for part in ("fwd", "bwd"):
+            w = np.zeros(nb + 2)
+            c = 0.0
+            for i, name in enumerate(self.model.block_types):
+                tc: TermCoeffs = getattr(self.coeffs.blocks[name], part)
+                w[i] = tc.quad * hs
+                w[nb] += tc.lin / d
+                w[nb + 1] += tc.seq / d
+                c += tc.const
+            out += [w, c]
+        self._cache[key] = tuple(out)
+        return self._cache[key]
+
+    def comm_time_per_layer(self, tokens, d: int, spans_nodes: bool):
+        """All-to-all time of one layer's forward (backward pays the same again)."""
+        if d == 1:
+            return np.zeros_like(np.asarray(tokens, dtype=float))
+        c = self.cluster
+        sent = (
+            self.coeffs.a2a_bytes_per_token_layer
+            * np.asarray(tokens, dtype=float)
+            / d
+            * (d - 1)
+            / d
+        )
+        if spans_nodes:
+            off = (d - c.gpus_per_node) / (d - 1)  # share of peers on other nodes
+            bw_time = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
+            lat = c.inter_node_latency_s
+        else:
+            bw_time = sent / c.intra_node_bw
+            lat = c.intra_node_latency_s
+        return bw_time + self.coeffs.a2a_calls_per_layer * lat * (d - 1)
+
+    def time_parts(
+        self,
+        feats,
+        d: int,
+        recompute_layers,
+        *,
+        spans_nodes: bool | None = None,
+        speed: float = 1.0,
+    ):
+        """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds."""
+        feats = np.asarray(feats, dtype=float)
+        if spans_nodes is None:
+            spans_nodes = d > self.cluster.gpus_per_node
+        wf, cf, wb, cb = self._layer_vectors(d)
+        fwd = feats @ wf + cf
+        bwd = feats @ wb + cb
+        tokens = feats[..., -2]
+        L = self.model.num_layers
+        co = self.coeffs
+        head = tokens / d * (co.head_fwd_per_token_s + co.head_bwd_per_token_s)
+        compute = (L * (fwd + bwd) + head + co.microbatch_overhead_s) / speed
+        r = np.asarray(recompute_layers, dtype=float)
+        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes)
+        recompute = r * fwd / speed
+        comm = (2 * L + r) * layer_comm
+        return compute, recompute, comm
+
+    def time(self, feats, d: int, recompute_layers=0, **kw):
+        c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
+        return c + r + m
+
+    def microbatch_time(
+        self,
+        seqs: list[Sequence],
+        d: int,
+        recompute_layers: int = 0,
+        *,
+        spans_nodes: bool | None = None,
+        speed: float = 1.0,
+    ) -> TimeBreakdown:
+        f = sum(self.features(s) for s in seqs)
+        c, r, m = self.time_parts(f, d, recompute_layers, spans_nodes=spans_nodes, speed=speed)
+        return TimeBreakdown(float(c), float(r), float(m))
+
+    # ---- memory ------------------------------------------------------------------------
+    def model_state_bytes(self) -> float:
+        p, n = self.model.total_params, self.cluster.num_gpus
+        w, g, o = 2.0, 4.0, 12.0
+        mode = self.optimizer_sharding
+        if mode == "zero1":
+            o /= n
+        elif mode == "zero2":
+            g, o = g / n, o / n
+        elif mode == "zero3":
+            w, g, o = w / n, g / n, o / n
+        return p * (w + g + o)
+
+    def fixed_bytes(self) -> float:
+        return self.model_state_bytes() + self.coeffs.reserved_bytes
+
+    def memory(self, tokens, d: int, recompute_layers=0):
+        """Peak bytes on each member of a degree-d group (vectorised over tokens)."""
+        co, L = self.coeffs, self.model.num_layers
+        r = np.asarray(recompute_layers, dtype=float)
+        per_token = (
+            (L - r) * co.act_bytes_per_token_layer
+            + r * co.ckpt_bytes_per_token_layer
+            + co.act_bytes_per_token_layer
+            + co.head_bytes_per_token
+        )
+        return self.fixed_bytes() + np.asarray(tokens, dtype=float) / d * per_token
+
+    def capacity(self, start: int = 0, degree: int = 1) -> float:
+        return self.cluster.group_memory(start, degree) * self.usable_memory_fraction
+
+    def min_recompute(self, tokens, d: int, capacity: float | None = None):
+        """Fewest recomputed layers that fit (vectorised); -1 where even r = L does not fit."""
+        cap = self.capacity() if capacity is None else capacity
+        co, L = self.coeffs, self.model.num_layers
+        t = np.asarray(tokens, dtype=float) / d
+        room = cap - self.fixed_bytes()
+        base = t * ((L + 1) * co.act_bytes_per_token_layer + co.head_bytes_per_token)
+        saved_per_layer = t * (co.act_bytes_per_token_layer - co.ckpt_bytes_per_token_layer)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = np.ceil((base - room) / np.maximum(saved_per_layer, 1e-30) - 1e-9)
+        r = np.clip(need, 0, None)
+        return np.where((r <= L) & (room > 0), r, -1).astype(int)
+
+    # ---- whole step --------------------------------------------------------------------
+    def grad_sync_time(self) -> float:
+        """Ring all-reduce (or reduce-scatter + all-gather) of the gradients over the world:
+        2 (N-1)/N * bytes / bandwidth (Thakur et al. 2005), at the NIC rate across nodes."""
+        c = self.cluster
+        n = c.num_gpus
+        if n == 1:
+            return 0.0
+        bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
+        volume = self.model.total_params * self.grad_reduce_bytes_per_param
+        return 2 * (n - 1) / n * volume / bw
+
+    def check_fits(self, batch: Batch) -> None:
+        """Raise InfeasibleError naming the first sequence that fits nowhere."""
+        dmax = max(self.cluster.allowed_degrees)
+        cap = max(self.capacity(s, dmax) for s in self.cluster.placements(dmax))
+        for s in batch.sequences:
+            if self.min_recompute(s.num_tokens, dmax, cap) < 0:
+                need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
+                raise InfeasibleError(
+                    f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
+                    f"{need / GB:.1f} GB per GPU at the largest degree {dmax} with all "
+                    f"{self.model.num_layers} layers recomputed; capacity {cap / GB:.1f} GB",
+                    sequence_id=s.id,
+                    need_bytes=need,
+                    capacity_bytes=cap,
+                )
+
+    def fingerprint(self) -> str:
+        payload = {
+            "model": self.model.to_dict(),
+            "cluster": self.cluster.to_dict(),
+            "coeffs": self.coeffs.to_dict(),
+            "sharding": self.optimizer_sharding,
+            "mem_frac": self.usable_memory_fraction,
+            "grad": self.grad_reduce_bytes_per_param,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def plan_fingerprint(batch: Batch, cost: CostModel) -> str:
+    """What a plan was made for: the batch and the cost model (which holds cluster and model)."""
+    return hashlib.sha256((batch.fingerprint() + cost.fingerprint()).encode()).hexdigest()[:16]
+
+
+def loss_normalizer(batch: Batch, kind: str) -> float:
+    return float(batch.num_tokens if kind == "tokens" else len(batch))
+
+
+def default_normalizer_kind(model: ModelSpec) -> str:
+    """Language models average the loss over tokens, diffusion models over samples."""
+    return "tokens" if model.kind == "1d" else "samples"

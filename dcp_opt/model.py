@@ -1,0 +1,112 @@
+"""The model as frozen data: what the cost model needs to know about a transformer."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .errors import DcpOptError, require
+
+KINDS = ("1d", "2d")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A 1D decoder LM (`kind="1d"`, one block per layer) or a 2D spatial-temporal DiT
+    (`kind="2d"`, each layer = one spatial block + one temporal block, as Open-Sora STDiT3).
+
+    `text_tokens` is the cross-attention context of a 2D model (captions, 300 in Open-Sora).
+    `num_params` defaults to the count implied by the shapes.
+    """
+
+    name: str
+    kind: str
+    num_layers: int
+    hidden: int
+    num_heads: int
+    ffn_hidden: int
+    vocab_size: int = 0
+    text_tokens: int = 0
+    gated_mlp: bool = False
+    causal: bool = True
+    dtype_bytes: int = 2
+    num_params: float | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            self.kind in KINDS, "model.kind", f"{self.kind!r} not allowed; allowed: {list(KINDS)}"
+        )
+        for f in ("num_layers", "hidden", "num_heads", "ffn_hidden", "dtype_bytes"):
+            v = getattr(self, f)
+            require(
+                isinstance(v, int) and v >= 1, f"model.{f}", f"must be an integer >= 1, got {v!r}"
+            )
+        require(
+            self.hidden % self.num_heads == 0,
+            "model.num_heads",
+            f"must divide hidden={self.hidden}, got {self.num_heads}",
+        )
+
+    @property
+    def block_types(self) -> tuple[str, ...]:
+        return ("layer",) if self.kind == "1d" else ("spatial", "temporal")
+
+    @property
+    def params_per_block(self) -> float:
+        """Matmul parameters that act on every token of one block."""
+        h, f = self.hidden, self.ffn_hidden
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        if self.kind == "1d":
+            return 4 * h * h + mlp
+        # Self-attention qkvo (4h^2) + cross-attention q and o on video tokens (2h^2) + MLP.
+        return 6 * h * h + mlp
+
+    @property
+    def total_params(self) -> float:
+        if self.num_params is not None:
+            return float(self.num_params)
+        h = self.hidden
+        per_layer = len(self.block_types) * self.params_per_block
+        if self.kind == "2d":
+            per_layer += len(self.block_types) * 2 * h * h  # cross-attention k, v on text
+        return float(self.num_layers * per_layer + 2 * self.vocab_size * h)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelSpec:
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise DcpOptError(f"model: {e}") from None
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    # Llama 3.2 1B: 16 layers, hidden 2048, 32 heads, SwiGLU 8192, vocab 128256 (tied).
+    "llama-1b": ModelSpec(
+        "llama-1b", "1d", 16, 2048, 32, 8192, vocab_size=128256, gated_mlp=True, num_params=1.24e9
+    ),
+    # Llama 2 7B: 32 layers, hidden 4096, 32 heads, SwiGLU 11008, vocab 32000.
+    "llama-7b": ModelSpec(
+        "llama-7b", "1d", 32, 4096, 32, 11008, vocab_size=32000, gated_mlp=True, num_params=6.74e9
+    ),
+    # Open-Sora 1.2 STDiT3-XL/2: 28 layers of (spatial, temporal) blocks, hidden 1152,
+    # 16 heads, MLP ratio 4, captions of 300 T5 tokens.
+    "opensora-stdit3-xl": ModelSpec(
+        "opensora-stdit3-xl",
+        "2d",
+        28,
+        1152,
+        16,
+        4608,
+        text_tokens=300,
+        causal=False,
+        num_params=1.1e9,
+    ),
+}
+
+
+def model_preset(name: str) -> ModelSpec:
+    if name not in MODEL_PRESETS:
+        raise DcpOptError(f"model: unknown preset {name!r}; allowed: {sorted(MODEL_PRESETS)}")
+    return MODEL_PRESETS[name]

@@ -1,0 +1,207 @@
+"""The plan as data: the one thing the simulator reads and the runtime executes.
+
+A Plan is frozen and JSON-serialisable (docs/plan-format.md). Its meaning:
+
+- phases run in order; a rank enters its group of phase p+1 once it and the other members of
+  that group have finished phase p (there is no global barrier between phases);
+- the groups of a phase are disjoint, cover every rank, and sit on aligned rank ranges
+  (start % degree == 0); a group with no micro-batches is idle in that phase;
+- a group processes its micro-batches in order (gradient accumulation); every micro-batch
+  holds one or more whole sequences, sharded over the group's ranks, and recomputes the
+  first `recompute_layers` layers in backward (pyramid checkpointing keeps the rest);
+- after the last phase, gradients are summed once over the whole world; every loss is
+  scaled by 1 / `loss_normalizer` so the result equals single-process training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PlanFormatError
+
+SCHEMA_VERSION = 1
+NORMALIZERS = ("tokens", "samples")
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    sequence_ids: tuple[int, ...]
+    recompute_layers: int = 0
+
+
+@dataclass(frozen=True)
+class Group:
+    start_rank: int
+    degree: int
+    micro_batches: tuple[MicroBatch, ...] = ()
+
+    @property
+    def ranks(self) -> range:
+        return range(self.start_rank, self.start_rank + self.degree)
+
+
+@dataclass(frozen=True)
+class Phase:
+    groups: tuple[Group, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    phases: tuple[Phase, ...]
+    num_ranks: int
+    loss_normalizer: float
+    normalizer_kind: str = "tokens"
+    fingerprint: str = ""
+    planner: str = ""
+    predicted_step_time_s: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    schema_version: int = SCHEMA_VERSION
+
+    # ---- views -------------------------------------------------------------------------
+    def micro_batches(self):
+        """(phase index, group, micro-batch index, micro-batch) in execution order per group."""
+        for p, phase in enumerate(self.phases):
+            for g in phase.groups:
+                for k, mb in enumerate(g.micro_batches):
+                    yield p, g, k, mb
+
+    def sequence_ids(self) -> list[int]:
+        return [s for _, _, _, mb in self.micro_batches() for s in mb.sequence_ids]
+
+    def group_of(self, rank: int, phase: int) -> Group:
+        for g in self.phases[phase].groups:
+            if g.start_rank <= rank < g.start_rank + g.degree:
+                return g
+        raise KeyError(f"rank {rank} has no group in phase {phase}")
+
+    @property
+    def num_micro_batches(self) -> int:
+        return sum(len(g.micro_batches) for ph in self.phases for g in ph.groups)
+
+    def content_hash(self) -> str:
+        """Hash of what the runtime executes (not of predictions or metadata)."""
+        d = self.to_dict()
+        for k in ("planner", "predicted_step_time_s", "meta"):
+            d.pop(k)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": self.schema_version,
+            "num_ranks": self.num_ranks,
+            "loss_normalizer": self.loss_normalizer,
+            "normalizer_kind": self.normalizer_kind,
+            "fingerprint": self.fingerprint,
+            "planner": self.planner,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "meta": self.meta,
+            "phases": [
+                {
+                    "groups": [
+                        {
+                            "start_rank": g.start_rank,
+                            "degree": g.degree,
+                            "micro_batches": [
+                                {
+                                    "sequence_ids": list(mb.sequence_ids),
+                                    "recompute_layers": mb.recompute_layers,
+                                }
+                                for mb in g.micro_batches
+                            ],
+                        }
+                        for g in ph.groups
+                    ]
+                }
+                for ph in self.phases
+            ],
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Plan:
+        return _parse_plan(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanFormatError(f"plan: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return _parse_plan(d)
+
+
+def _need(d: Any, key: str, typ, where: str):
+    if not isinstance(d, dict):
+        raise PlanFormatError(f"{where}: expected an object, got {type(d).__name__}")
+    if key not in d:
+        raise PlanFormatError(f"{where}.{key}: missing")
+    v = d[key]
+    ok = isinstance(v, typ) and not (isinstance(v, bool) and typ in (int, float, (int, float)))
+    if not ok:
+        name = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise PlanFormatError(f"{where}.{key}: expected {name}, got {type(v).__name__}")
+    return v
+
+
+def _parse_micro_batch(d: Any, where: str) -> MicroBatch:
+    ids = _need(d, "sequence_ids", list, where)
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise PlanFormatError(f"{where}.sequence_ids: every entry must be an integer")
+    rec = _need(d, "recompute_layers", int, where)
+    return MicroBatch(tuple(ids), rec)
+
+
+def _parse_group(d: Any, where: str) -> Group:
+    start = _need(d, "start_rank", int, where)
+    degree = _need(d, "degree", int, where)
+    mbs = _need(d, "micro_batches", list, where)
+    return Group(
+        start,
+        degree,
+        tuple(_parse_micro_batch(m, f"{where}.micro_batches[{k}]") for k, m in enumerate(mbs)),
+    )
+
+
+def _parse_plan(d: Any) -> Plan:
+    version = _need(d, "schema_version", int, "plan")
+    if version != SCHEMA_VERSION:
+        raise PlanFormatError(
+            f"plan.schema_version: {version} not supported; this dcp_opt reads {SCHEMA_VERSION}"
+        )
+    phases = []
+    for p, ph in enumerate(_need(d, "phases", list, "plan")):
+        groups = _need(ph, "groups", list, f"plan.phases[{p}]")
+        phases.append(
+            Phase(
+                tuple(
+                    _parse_group(g, f"plan.phases[{p}].groups[{i}]") for i, g in enumerate(groups)
+                )
+            )
+        )
+    kind = _need(d, "normalizer_kind", str, "plan")
+    if kind not in NORMALIZERS:
+        raise PlanFormatError(
+            f"plan.normalizer_kind: {kind!r} not allowed; allowed: {list(NORMALIZERS)}"
+        )
+    pred = d.get("predicted_step_time_s")
+    if pred is not None and not isinstance(pred, (int, float)):
+        raise PlanFormatError("plan.predicted_step_time_s: expected number or null")
+    meta = d.get("meta", {})
+    if not isinstance(meta, dict):
+        raise PlanFormatError("plan.meta: expected an object")
+    return Plan(
+        phases=tuple(phases),
+        num_ranks=_need(d, "num_ranks", int, "plan"),
+        loss_normalizer=float(_need(d, "loss_normalizer", (int, float), "plan")),
+        normalizer_kind=kind,
+        fingerprint=_need(d, "fingerprint", str, "plan"),
+        planner=str(d.get("planner", "")),
+        predicted_step_time_s=None if pred is None else float(pred),
+        meta=meta,
+    )

@@ -1,0 +1,130 @@
+"""Predict a plan's step: per-rank timeline, step time, imbalance, memory, communication.
+
+Semantics (the same as the runtime's): a group starts a phase when all its members are free;
+it runs its micro-batches back to back; after the last phase every rank joins one gradient
+all-reduce, so step time = latest finish + gradient sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import Batch
+from .cost import CostModel
+from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Event:
+    """One micro-batch on one group (all members share it)."""
+
+    phase: int
+    start_rank: int
+    degree: int
+    index: int
+    sequence_ids: tuple[int, ...]
+    recompute_layers: int
+    start_s: float
+    compute_s: float
+    recompute_s: float
+    comm_s: float
+    memory_bytes: float
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.compute_s + self.recompute_s + self.comm_s
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_time_s: float
+    finish_s: float
+    grad_sync_s: float
+    busy_s: np.ndarray  # per rank, micro-batch time
+    idle_s: np.ndarray  # per rank, waiting before the gradient sync
+    peak_memory_bytes: np.ndarray
+    events: tuple[Event, ...]
+    comm_s: float  # GPU-seconds in all-to-alls
+    recompute_s: float  # GPU-seconds recomputing
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.busy_s)
+
+    @property
+    def imbalance(self) -> float:
+        """Idle share of the GPU-time before the gradient sync."""
+        total = self.finish_s * self.num_ranks
+        return float(self.idle_s.sum() / total) if total > 0 else 0.0
+
+    @property
+    def comm_share(self) -> float:
+        busy = float(self.busy_s.sum())
+        return self.comm_s / busy if busy > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s,
+            "finish_s": self.finish_s,
+            "grad_sync_s": self.grad_sync_s,
+            "imbalance": self.imbalance,
+            "comm_share": self.comm_share,
+            "recompute_share": self.recompute_s / max(float(self.busy_s.sum()), 1e-30),
+            "peak_memory_gb": float(self.peak_memory_bytes.max()) / 1e9,
+            "num_micro_batches": len(self.events),
+        }
+
+
+def simulate(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
+    cluster = cost.cluster
+    n = cluster.num_gpus
+    ready = np.zeros(n)
+    busy = np.zeros(n)
+    peak = np.full(n, cost.fixed_bytes())
+    events: list[Event] = []
+    comm_total = rec_total = 0.0
+    by_id = batch.by_id
+    for p, phase in enumerate(plan.phases):
+        for g in phase.groups:
+            ranks = slice(g.start_rank, g.start_rank + g.degree)
+            t = float(ready[ranks].max()) if g.micro_batches else 0.0
+            spans = cluster.spans_nodes(g.start_rank, g.degree)
+            speed = cluster.group_speed(g.start_rank, g.degree)
+            for k, mb in enumerate(g.micro_batches):
+                f = sum(cost.features(by_id[s]) for s in mb.sequence_ids)
+                c, r, m = (
+                    float(x)
+                    for x in cost.time_parts(
+                        f, g.degree, mb.recompute_layers, spans_nodes=spans, speed=speed
+                    )
+                )
+                mem = float(cost.memory(f[-2], g.degree, mb.recompute_layers))
+                events.append(
+                    Event(
+                        p,
+                        g.start_rank,
+                        g.degree,
+                        k,
+                        mb.sequence_ids,
+                        mb.recompute_layers,
+                        t,
+                        c,
+                        r,
+                        m,
+                        mem,
+                    )
+                )
+                t += c + r + m
+                comm_total += m * g.degree
+                rec_total += r * g.degree
+                peak[ranks] = np.maximum(peak[ranks], mem)
+            if g.micro_batches:
+                busy[ranks] += t - float(ready[ranks].max())
+                ready[ranks] = t
+    finish = float(ready.max()) if n else 0.0
+    sync = cost.grad_sync_time()
+    return SimResult(
+        finish + sync, finish, sync, busy, finish - busy, peak, tuple(events), comm_total, rec_total
+    )

@@ -1,0 +1,52 @@
+"""Per-sequence cost table: for every sequence and allowed degree, the fewest recomputed
+layers that fit and the resulting time. Planners and bounds share it (computed once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batch import Batch
+from .cost import CostModel
+
+
+@dataclass(frozen=True)
+class SeqTable:
+    degrees: tuple[int, ...]
+    feats: np.ndarray  # (n, F) additive features
+    tokens: np.ndarray  # (n,)
+    r_min: np.ndarray  # (n, D) fewest recomputed layers that fit alone; -1 = never
+    time: np.ndarray  # (n, D) seconds alone at r_min (inf where infeasible)
+    time_no_overhead: np.ndarray  # (n, D) the same less the per-micro-batch overhead
+
+    @property
+    def feasible(self) -> np.ndarray:
+        return self.r_min >= 0
+
+    def min_degree_index(self) -> np.ndarray:
+        """Index of the smallest degree at which each sequence fits (argmax of first True)."""
+        return np.argmax(self.feasible, axis=1)
+
+
+def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
+    key = ("table", batch.fingerprint())
+    if key in cost._cache:
+        return cost._cache[key]
+    feats = cost.batch_features(batch)
+    tokens = feats[:, -2]
+    degrees = cost.cluster.allowed_degrees
+    n, nd = len(batch), len(degrees)
+    r_min = np.full((n, nd), -1, dtype=int)
+    time = np.full((n, nd), np.inf)
+    over = cost.coeffs.microbatch_overhead_s
+    for j, d in enumerate(degrees):
+        cap = max(cost.capacity(s, d) for s in cost.cluster.placements(d))
+        r = cost.min_recompute(tokens, d, cap)
+        ok = r >= 0
+        r_min[:, j] = r
+        if ok.any():
+            time[ok, j] = cost.time(feats[ok], d, r[ok])
+    out = SeqTable(degrees, feats, tokens, r_min, time, time - over)
+    cost._cache[key] = out
+    return out

@@ -1,0 +1,180 @@
+"""Hard constraints of a plan, checked without any solver. Returns every violation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .batch import Batch
+from .cost import CostModel, loss_normalizer, plan_fingerprint
+from .errors import DcpOptError
+from .plan import NORMALIZERS, Plan
+
+CODES = {
+    "NO_PHASES": "the plan has no phase",
+    "WRONG_NUM_RANKS": "plan.num_ranks differs from the cluster's GPU count",
+    "BAD_DEGREE": "a group's degree is not an allowed SP degree",
+    "MISALIGNED": "a group does not start at a multiple of its degree",
+    "OUT_OF_RANGE": "a group reaches past the last rank",
+    "NODE_STRADDLE": "a group smaller than a node spans two nodes",
+    "RANK_OVERLAP": "two groups of a phase share a rank",
+    "RANK_UNCOVERED": "a rank belongs to no group of a phase",
+    "EMPTY_MICRO_BATCH": "a micro-batch holds no sequence",
+    "UNKNOWN_SEQUENCE": "a micro-batch names a sequence that is not in the batch",
+    "DUPLICATE_SEQUENCE": "a sequence is trained more than once",
+    "MISSING_SEQUENCE": "a sequence of the batch is never trained",
+    "BAD_RECOMPUTE": "recompute_layers is outside [0, num_layers]",
+    "OUT_OF_MEMORY": "a micro-batch needs more memory than a member of its group has",
+    "FINGERPRINT_MISMATCH": "the plan was made for another batch, cluster, model or cost model",
+    "BAD_NORMALIZER": "the loss normaliser does not match the batch",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class InvalidPlanError(DcpOptError):
+    def __init__(self, violations: list[Violation]):
+        self.violations = violations
+        head = "; ".join(str(v) for v in violations[:3])
+        more = f" (+{len(violations) - 3} more)" if len(violations) > 3 else ""
+        super().__init__(f"plan: {len(violations)} violation(s): {head}{more}")
+
+
+def validate(
+    plan: Plan, batch: Batch, cost: CostModel, *, check_fingerprint: bool = True
+) -> list[Violation]:
+    out: list[Violation] = []
+    out += _check_structure(plan, cost)
+    out += _check_coverage(plan, batch)
+    out += _check_micro_batches(plan, batch, cost)
+    if check_fingerprint:
+        out += _check_fingerprint(plan, batch, cost)
+    return out
+
+
+def ensure_valid(plan: Plan, batch: Batch, cost: CostModel, **kw) -> Plan:
+    v = validate(plan, batch, cost, **kw)
+    if v:
+        raise InvalidPlanError(v)
+    return plan
+
+
+def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
+    c = cost.cluster
+    n = c.num_gpus
+    out = []
+    if not plan.phases:
+        out.append(Violation("NO_PHASES", CODES["NO_PHASES"]))
+    if plan.num_ranks != n:
+        out.append(Violation("WRONG_NUM_RANKS", f"plan has {plan.num_ranks} ranks, cluster {n}"))
+    for p, phase in enumerate(plan.phases):
+        owner: dict[int, int] = {}
+        for i, g in enumerate(phase.groups):
+            where = f"phase {p} group {i} (ranks {g.start_rank}..{g.start_rank + g.degree - 1})"
+            if g.degree not in c.allowed_degrees:
+                out.append(
+                    Violation(
+                        "BAD_DEGREE",
+                        f"{where}: degree {g.degree}; allowed {list(c.allowed_degrees)}",
+                    )
+                )
+            if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > n:
+                out.append(Violation("OUT_OF_RANGE", f"{where}: cluster has ranks 0..{n - 1}"))
+                continue
+            if g.start_rank % g.degree:
+                out.append(
+                    Violation(
+                        "MISALIGNED",
+                        f"{where}: start {g.start_rank} is not a multiple of degree {g.degree}",
+                    )
+                )
+            if g.degree <= c.gpus_per_node and c.spans_nodes(g.start_rank, g.degree):
+                out.append(Violation("NODE_STRADDLE", f"{where}: spans two nodes"))
+            for r in g.ranks:
+                if r in owner:
+                    out.append(
+                        Violation("RANK_OVERLAP", f"{where}: rank {r} also in group {owner[r]}")
+                    )
+                owner[r] = i
+        missing = sorted(set(range(n)) - set(owner))
+        if missing:
+            out.append(
+                Violation("RANK_UNCOVERED", f"phase {p}: ranks {_short(missing)} in no group")
+            )
+    return out
+
+
+def _check_coverage(plan: Plan, batch: Batch) -> list[Violation]:
+    out = []
+    counts = Counter(plan.sequence_ids())
+    known = batch.by_id
+    unknown = sorted(s for s in counts if s not in known)
+    if unknown:
+        out.append(Violation("UNKNOWN_SEQUENCE", f"ids {_short(unknown)} not in the batch"))
+    dup = sorted(s for s, k in counts.items() if k > 1 and s in known)
+    if dup:
+        out.append(Violation("DUPLICATE_SEQUENCE", f"ids {_short(dup)} appear more than once"))
+    miss = sorted(s for s in known if s not in counts)
+    if miss:
+        out.append(Violation("MISSING_SEQUENCE", f"ids {_short(miss)} are never trained"))
+    return out
+
+
+def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
+    out = []
+    L = cost.model.num_layers
+    known = batch.by_id
+    for p, g, k, mb in plan.micro_batches():
+        where = f"phase {p} group@{g.start_rank}x{g.degree} micro-batch {k}"
+        if not mb.sequence_ids:
+            out.append(Violation("EMPTY_MICRO_BATCH", f"{where}: no sequence"))
+            continue
+        if not 0 <= mb.recompute_layers <= L:
+            out.append(
+                Violation("BAD_RECOMPUTE", f"{where}: {mb.recompute_layers} not in [0, {L}]")
+            )
+            continue
+        if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > cost.cluster.num_gpus:
+            continue
+        tokens = sum(known[s].num_tokens for s in mb.sequence_ids if s in known)
+        need = float(cost.memory(tokens, g.degree, mb.recompute_layers))
+        cap = cost.capacity(g.start_rank, g.degree)
+        if need > cap * (1 + 1e-9):
+            out.append(
+                Violation(
+                    "OUT_OF_MEMORY",
+                    f"{where}: sequences {_short(list(mb.sequence_ids))} "
+                    f"need {need / 1e9:.2f} GB per GPU, capacity {cap / 1e9:.2f} GB",
+                )
+            )
+    return out
+
+
+def _check_fingerprint(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
+    out = []
+    want = plan_fingerprint(batch, cost)
+    if plan.fingerprint != want:
+        out.append(Violation("FINGERPRINT_MISMATCH", f"plan {plan.fingerprint!r}, inputs {want!r}"))
+    if (
+        plan.normalizer_kind not in NORMALIZERS
+        or abs(plan.loss_normalizer - loss_normalizer(batch, plan.normalizer_kind)) > 1e-9
+    ):
+        out.append(
+            Violation(
+                "BAD_NORMALIZER",
+                f"{plan.normalizer_kind} normaliser "
+                f"{plan.loss_normalizer} does not match the batch",
+            )
+        )
+    return out
+
+
+def _short(xs: list[int]) -> str:
+    return str(xs[:8])[:-1] + (", ...]" if len(xs) > 8 else "]")

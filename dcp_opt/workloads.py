@@ -1,0 +1,165 @@
+"""Standard workloads (REFERENCE.md sec. 4), seeded and reproducible, and batch files.
+
+2D / video: 25 Open-Sora buckets = {144p, 240p, 360p, 480p, 720p} at 9:16 x frames
+{1, 51, 102, 204, 408}; latent frames = 1 for images else frames*5//17 (the VAE's temporal
+compression, as VideoSys); tokens = latent frames x ceil(H/16) x ceil(W/16) (VAE /8, patch 2).
+Bucket probabilities over buckets sorted by tokens: short = Zipf(alpha 3, offset 5) as in
+VideoSys' dummy dataset, balanced = uniform, long = the short Zipf reversed.
+1D / text: log-normal lengths with median 2K / 8K / 32K (sigma 1.0), clipped to [128, 131072].
+A global batch draws sequences until the token budget is reached (the last one may cross it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .batch import Batch, Sequence
+from .errors import DcpOptError
+
+RESOLUTIONS = {
+    "144p": (144, 256),
+    "240p": (240, 426),
+    "360p": (360, 640),
+    "480p": (480, 854),
+    "720p": (720, 1280),
+}
+FRAMES = (1, 51, 102, 204, 408)
+DISTRIBUTIONS = ("short", "balanced", "long")
+TEXT_MEDIANS = {"short": 2048, "balanced": 8192, "long": 32768}
+TEXT_SIGMA = 1.0
+TEXT_CLIP = (128, 131072)
+DEFAULT_TOKENS_PER_GPU = 65536
+
+
+def video_shape(resolution: str, frames: int) -> tuple[int, int, int]:
+    h, w = RESOLUTIONS[resolution]
+    latent_frames = 1 if frames == 1 else frames * 5 // 17
+    return (latent_frames, math.ceil(h / 16), math.ceil(w / 16))
+
+
+def video_buckets() -> list[tuple[str, int, tuple[int, int, int]]]:
+    """(resolution, frames, shape) for the 25 buckets, sorted by token count."""
+    out = [(r, f, video_shape(r, f)) for r in RESOLUTIONS for f in FRAMES]
+    return sorted(out, key=lambda x: (int(np.prod(x[2])), x[0], x[1]))
+
+
+def bucket_probabilities(distribution: str, num_buckets: int = 25) -> np.ndarray:
+    if distribution not in DISTRIBUTIONS:
+        raise DcpOptError(
+            f"distribution: {distribution!r} not allowed; allowed: {list(DISTRIBUTIONS)}"
+        )
+    if distribution == "balanced":
+        p = np.ones(num_buckets)
+    else:
+        p = 1.0 / (np.arange(num_buckets) + 5.0) ** 3  # Zipf, alpha 3, offset 5
+        if distribution == "long":
+            p = p[::-1]
+    return p / p.sum()
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named standard workload: `2d-short`, `1d-long`, ..."""
+
+    kind: str
+    distribution: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}-{self.distribution}"
+
+    @classmethod
+    def parse(cls, name: str) -> Workload:
+        parts = name.split("-")
+        if len(parts) != 2 or parts[0] not in ("1d", "2d") or parts[1] not in DISTRIBUTIONS:
+            raise DcpOptError(
+                f"workload: {name!r} not allowed; allowed: {[w.name for w in STANDARD_WORKLOADS]}"
+            )
+        return cls(parts[0], parts[1])
+
+    def sample_shape(self, rng: np.random.Generator) -> tuple[int, ...]:
+        if self.kind == "2d":
+            buckets = video_buckets()
+            i = rng.choice(len(buckets), p=bucket_probabilities(self.distribution, len(buckets)))
+            return buckets[i][2]
+        n = rng.lognormal(math.log(TEXT_MEDIANS[self.distribution]), TEXT_SIGMA)
+        return (int(np.clip(round(n), *TEXT_CLIP)),)
+
+    def batch(self, seed: int, token_budget: int) -> Batch:
+        """Sequences drawn until `token_budget` tokens are reached."""
+        if token_budget < 1:
+            raise DcpOptError(f"token_budget: must be >= 1, got {token_budget}")
+        rng = np.random.default_rng(seed)
+        seqs, total = [], 0
+        while total < token_budget:
+            shape = self.sample_shape(rng)
+            seqs.append(Sequence(len(seqs), shape))
+            total += int(np.prod(shape))
+        return Batch(tuple(seqs))
+
+
+STANDARD_WORKLOADS = tuple(Workload(k, d) for k in ("2d", "1d") for d in DISTRIBUTIONS)
+
+
+def standard_batch(
+    name: str, seed: int, *, num_gpus: int = 32, tokens_per_gpu: int = DEFAULT_TOKENS_PER_GPU
+) -> Batch:
+    return Workload.parse(name).batch(seed, num_gpus * tokens_per_gpu)
+
+
+def load_batch(path: str | Path) -> Batch:
+    """One length per line (1D), `frames,height,width` per line (2D), or JSON: a list of
+    lengths, a list of [f, h, w], or {"sequences": [{"id":..,"shape":[..]}]}. '#' starts a comment."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise DcpOptError(f"lengths file {str(p)!r}: cannot read ({e.strerror})") from None
+    if p.suffix == ".json" or text.lstrip().startswith(("[", "{")):
+        return _batch_from_json(text, p)
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            vals = [int(v) for v in line.replace(",", " ").split()]
+        except ValueError:
+            raise DcpOptError(f"{p.name}:{lineno}: expected integers, got {line!r}") from None
+        if len(vals) not in (1, 3) or min(vals) < 1:
+            raise DcpOptError(
+                f"{p.name}:{lineno}: expected one length >= 1 or frames,height,width "
+                f">= 1, got {line!r}"
+            )
+        rows.append(vals)
+    if not rows:
+        raise DcpOptError(f"lengths file {p.name}: no sequences")
+    if len({len(r) for r in rows}) > 1:
+        raise DcpOptError(f"lengths file {p.name}: mixes 1D lengths and 2D shapes")
+    return Batch(tuple(Sequence(i, tuple(r)) for i, r in enumerate(rows)))
+
+
+def _batch_from_json(text: str, p: Path) -> Batch:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DcpOptError(f"{p.name}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if isinstance(d, dict):
+        return Batch.from_dict(d)
+    if not isinstance(d, list) or not d:
+        raise DcpOptError(f"{p.name}: expected a non-empty list of lengths or shapes")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+        return Batch.from_lengths(d)
+    if all(isinstance(x, list) and all(isinstance(v, int) for v in x) for x in d):
+        return Batch.from_shapes(d)
+    raise DcpOptError(f"{p.name}: entries must all be integers (1D) or all [f, h, w] lists (2D)")
+
+
+def save_batch(batch: Batch, path: str | Path) -> None:
+    lines = [",".join(str(v) for v in s.shape) for s in batch.sequences]
+    Path(path).write_text("\n".join(lines) + "\n")

@@ -1,0 +1,55 @@
+"""Every planner of dcp_opt, behind one signature:
+
+    plan(batch, cost, **options) -> PlanResult
+
+`get_planner(name)` imports lazily, so listing planners costs nothing and a planner's
+dependencies (OR-Tools for cpsat) load only when it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from dcp_opt.errors import DcpOptError
+
+# name -> "module:function" inside dcp_opt.solvers
+PLANNERS: dict[str, str] = {
+    "bucket": "baselines:plan_bucket",
+    "static_tuned": "baselines:plan_static_tuned",
+    "packed": "baselines:plan_packed",
+    "dcp_intra": "videosys:plan_dcp_intra",
+    "dcp_inter": "videosys:plan_dcp_inter",
+    "dcp_inter_pac": "videosys:plan_dcp_inter_pac",
+    "greedy": "greedy:plan_greedy",
+    "cpsat": "cpsat:plan_cpsat",
+}
+
+BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")
+
+
+def available_planners() -> list[str]:
+    """Planners whose module exists in this checkout."""
+    out = []
+    for name, target in PLANNERS.items():
+        mod = target.split(":")[0]
+        if importlib.util.find_spec(f"dcp_opt.solvers.{mod}") is not None:
+            out.append(name)
+    return out
+
+
+def get_planner(name: str) -> Callable:
+    if name not in PLANNERS:
+        raise DcpOptError(f"planner: {name!r} not allowed; allowed: {list(PLANNERS)}")
+    mod, fn = PLANNERS[name].split(":")
+    try:
+        module = importlib.import_module(f"dcp_opt.solvers.{mod}")
+    except ModuleNotFoundError as e:
+        if e.name == f"dcp_opt.solvers.{mod}":
+            raise DcpOptError(f"planner: {name!r} is not built yet in this checkout") from None
+        raise
+    return getattr(module, fn)
+
+
+def run_planner(name: str, batch, cost, **options):
+    return get_planner(name)(batch, cost, **options)

@@ -1,0 +1,301 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dcp_opt import (
+    Batch,
+    Cluster,
+    CostModel,
+    DcpOptError,
+    Group,
+    InfeasibleError,
+    MicroBatch,
+    Plan,
+    PlanFormatError,
+    Sequence,
+    cluster_preset,
+    load_batch,
+    lower_bound,
+    make_plan,
+    model_preset,
+    simulate,
+    standard_batch,
+    validate,
+)
+from dcp_opt.validate import CODES
+from tests.toy import toy_cost
+
+
+def test_import_pulls_in_neither_torch_nor_ortools():
+    code = (
+        "import sys, dcp_opt, dcp_opt.solvers; "
+        "print('torch' in sys.modules, 'ortools' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_runtime_does_not_import_solver_internals():
+    import pathlib
+
+    for path in pathlib.Path("runtime").rglob("*.py"):
+        text = path.read_text()
+        assert "dcp_opt.solvers." not in text.replace("dcp_opt.solvers import", ""), path
+
+
+def test_allowed_degrees_and_placements():
+    c = cluster_preset("h200x24")
+    assert c.num_gpus == 24
+    assert c.allowed_degrees == (1, 2, 4, 8, 16, 24)
+    assert c.placements(8) == (0, 8, 16)
+    assert c.placements(16) == (0,)  # 16 at rank 8 is not aligned
+    assert c.placements(24) == (0,)
+    with pytest.raises(DcpOptError, match="degree: 3 not allowed"):
+        c.placements(3)
+
+
+def test_unknown_presets_name_the_field():
+    with pytest.raises(DcpOptError, match="cluster: unknown preset 'nope'"):
+        cluster_preset("nope")
+    with pytest.raises(DcpOptError, match="model: unknown preset"):
+        model_preset("gpt-17")
+
+
+def test_toy_time_and_memory_arithmetic():
+    cm = toy_cost()
+    s = Sequence(0, (8,))
+    # 8 tokens at degree 2, no recompute: 6*8/2 + 0.5 = 24.5 s
+    assert cm.microbatch_time([s], 2, 0).total_s == pytest.approx(24.5)
+    # with 1 recomputed layer: + 8/2 = 28.5 s
+    assert cm.microbatch_time([s], 2, 1).total_s == pytest.approx(28.5)
+    # memory 9 + 4*(30 - 8r): r=0 -> 129, r=1 -> 97, r=2 -> 65
+    assert [float(cm.memory(8, 2, r)) for r in (0, 1, 2)] == [129.0, 97.0, 65.0]
+    # capacity 100 -> fewest recomputed layers is 1 at degree 2; at degree 4: 9+2*30=69 -> 0
+    assert int(cm.min_recompute(8, 2)) == 1
+    assert int(cm.min_recompute(8, 4)) == 0
+    # 8 tokens at degree 1: 9 + 8*14 = 121 > 100 even with r=2 -> infeasible
+    assert int(cm.min_recompute(8, 1)) == -1
+
+
+def test_packing_adds_features():
+    cm = toy_cost()
+    a, b = Sequence(0, (3,)), Sequence(1, (5,))
+    # 8 tokens at degree 4: 6*8/4 + 0.5 = 12.5, one overhead for both sequences
+    assert cm.microbatch_time([a, b], 4).total_s == pytest.approx(12.5)
+
+
+def test_simulate_tiny_plan():
+    cm = toy_cost()
+    batch = Batch.from_lengths([8, 2, 2])
+    # group A: ranks 0-1, seq 0 with r=1: 28.5 s. group B: rank 2, seqs 1 and 2 one after the
+    # other: (6*2 + 0.5) * 2 = 25 s. rank 3 idle. finish 28.5; idle = 0+0+3.5+28.5 = 32
+    plan = make_plan(
+        [[Group(0, 2, (MicroBatch((0,), 1),)), Group(2, 1, (MicroBatch((1,)), MicroBatch((2,))))]],
+        batch,
+        cm,
+        planner="hand",
+    )
+    assert validate(plan, batch, cm) == []
+    sim = simulate(plan, batch, cm)
+    assert sim.step_time_s == pytest.approx(28.5)
+    assert sim.idle_s.tolist() == pytest.approx([0, 0, 3.5, 28.5])
+    assert sim.imbalance == pytest.approx(32 / (4 * 28.5))
+    assert sim.peak_memory_bytes[0] == pytest.approx(97.0)
+
+
+def test_phases_start_when_members_are_free():
+    cm = toy_cost()
+    batch = Batch.from_lengths([2, 2, 8])
+    # phase 0: rank 0 runs seq 0 (12.5 s), rank 1 runs seq 1 (12.5 s); phase 1: all four ranks
+    # run seq 2 at degree 4: 6*8/4 + 0.5 = 12.5 s -> finish 25 s
+    plan = make_plan(
+        [
+            [Group(0, 1, (MicroBatch((0,)),)), Group(1, 1, (MicroBatch((1,)),))],
+            [Group(0, 4, (MicroBatch((2,)),))],
+        ],
+        batch,
+        cm,
+        planner="hand",
+    )
+    assert validate(plan, batch, cm) == []
+    assert simulate(plan, batch, cm).step_time_s == pytest.approx(25.0)
+
+
+def _plan_with(groups, batch, cm, **kw):
+    p = make_plan([groups], batch, cm, planner="hand")
+    if kw:
+        d = p.to_dict()
+        d.update(kw)
+        p = Plan.from_dict(d)
+    return p
+
+
+@pytest.mark.parametrize(
+    "code, groups, extra",
+    [
+        ("BAD_DEGREE", [Group(0, 3, (MicroBatch((0, 1)),)), Group(3, 1)], {}),
+        ("MISALIGNED", [Group(0, 1), Group(1, 2, (MicroBatch((0, 1)),)), Group(3, 1)], {}),
+        ("OUT_OF_RANGE", [Group(0, 2), Group(2, 4, (MicroBatch((0, 1)),))], {}),
+        ("RANK_OVERLAP", [Group(0, 2, (MicroBatch((0,)),)), Group(0, 1, (MicroBatch((1,)),))], {}),
+        (
+            "EMPTY_MICRO_BATCH",
+            [
+                Group(
+                    0,
+                    2,
+                    (
+                        MicroBatch((0, 1)),
+                        MicroBatch(()),
+                    ),
+                )
+            ],
+            {},
+        ),
+        ("UNKNOWN_SEQUENCE", [Group(0, 2, (MicroBatch((0, 1, 7)),))], {}),
+        (
+            "DUPLICATE_SEQUENCE",
+            [Group(0, 2, (MicroBatch((0, 1)),)), Group(2, 1, (MicroBatch((1,)),))],
+            {},
+        ),
+        ("MISSING_SEQUENCE", [Group(0, 2, (MicroBatch((0,)),))], {}),
+        ("BAD_RECOMPUTE", [Group(0, 2, (MicroBatch((0, 1), 3),))], {}),
+        ("OUT_OF_MEMORY", [Group(0, 1, (MicroBatch((0, 1)),))], {}),
+        ("FINGERPRINT_MISMATCH", [Group(0, 2, (MicroBatch((0, 1)),))], {"fingerprint": "x"}),
+        ("BAD_NORMALIZER", [Group(0, 2, (MicroBatch((0, 1)),))], {"loss_normalizer": 5.0}),
+        ("WRONG_NUM_RANKS", [Group(0, 2, (MicroBatch((0, 1)),))], {"num_ranks": 8}),
+    ],
+)
+def test_each_violation_code(code, groups, extra):
+    cm = toy_cost()
+    batch = Batch.from_lengths([2, 2])  # 4 tokens; at degree 1: 9 + 4*30 = 129 > 100
+    plan = _plan_with(groups, batch, cm, **extra)
+    codes = {v.code for v in validate(plan, batch, cm)}
+    assert code in codes, codes
+    assert code in CODES
+
+
+def test_uncovered_and_straddle_and_no_phase():
+    cm = toy_cost(num_nodes=2, gpus_per_node=2)
+    batch = Batch.from_lengths([1])
+    plan = Plan((), 4, 1.0, "tokens", "")
+    assert "NO_PHASES" in {v.code for v in validate(plan, batch, cm)}
+    from dcp_opt.plan import Phase
+
+    plan = Plan((Phase((Group(0, 1, (MicroBatch((0,)),)),)),), 4, 1.0)
+    assert "RANK_UNCOVERED" in {v.code for v in validate(plan, batch, cm)}
+    # a degree-2 group at ranks 1..2 both misaligns and straddles nodes 0 and 1; degree 2 is
+    # allowed on 2-GPU nodes
+    plan = Plan((Phase((Group(0, 1), Group(1, 2, (MicroBatch((0,)),)), Group(3, 1))),), 4, 1.0)
+    codes = {v.code for v in validate(plan, batch, cm, check_fingerprint=False)}
+    assert {"NODE_STRADDLE", "MISALIGNED"} <= codes
+
+
+def test_plan_json_round_trip(tmp_path):
+    cm = toy_cost()
+    batch = Batch.from_lengths([8, 2, 2])
+    plan = make_plan(
+        [[Group(0, 2, (MicroBatch((0,), 1),)), Group(2, 1, (MicroBatch((1, 2)),))]],
+        batch,
+        cm,
+        planner="hand",
+        predicted_step_time_s=1.5,
+    )
+    again = Plan.from_json(plan.to_json())
+    assert again == plan
+    assert again.to_json() == plan.to_json()
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.update(schema_version=99), "schema_version: 99 not supported"),
+        (lambda d: d.pop("phases"), "plan.phases: missing"),
+        (lambda d: d["phases"][0]["groups"][0].update(degree="2"), "degree: expected int"),
+        (lambda d: d.update(normalizer_kind="bytes"), "normalizer_kind"),
+    ],
+)
+def test_bad_plan_json_names_the_field(mutate, match):
+    cm = toy_cost()
+    batch = Batch.from_lengths([8])
+    d = make_plan([[Group(0, 2, (MicroBatch((0,), 1),))]], batch, cm, planner="h").to_dict()
+    mutate(d)
+    with pytest.raises(PlanFormatError, match=match):
+        Plan.from_json(json.dumps(d))
+    with pytest.raises(PlanFormatError, match="not valid JSON"):
+        Plan.from_json("{")
+
+
+def test_lower_bound_tiny():
+    cm = toy_cost()
+    batch = Batch.from_lengths([8, 2])
+    # seq 0 (8 tokens): fits at d=2 (r=1): 28.5 s, or d=4 (r=0): 12.5 s. work less overhead:
+    # d=2: 2*28 = 56, d=4: 4*12 = 48 -> 48. seq 1 (2 tokens) at d=1: 9+2*30 = 69 fits, 12 s of
+    # work. work bound = (48+12)/4 + 0.5 = 15.5; longest = 12.5 -> bound 15.5
+    lb = lower_bound(batch, cm)
+    assert lb.work_s == pytest.approx(15.5)
+    assert lb.longest_s == pytest.approx(12.5)
+    assert lb.value_s == pytest.approx(15.5)
+
+
+def test_infeasible_sequence_named():
+    cm = toy_cost()
+    batch = Batch.from_lengths([2, 100])
+    with pytest.raises(InfeasibleError, match="sequence 1 .* cannot fit: needs .* capacity"):
+        lower_bound(batch, cm)
+
+
+def test_bad_batches():
+    with pytest.raises(DcpOptError, match="batch: is empty"):
+        Batch(())
+    with pytest.raises(DcpOptError, match=r"length\[1\]: must be an integer >= 1, got -3"):
+        Batch.from_lengths([4, -3])
+
+
+def test_load_batch_formats(tmp_path):
+    p = tmp_path / "l.txt"
+    p.write_text("# lengths\n100\n2000\n\n")
+    assert [s.shape for s in load_batch(p).sequences] == [(100,), (2000,)]
+    p.write_text("30,30,54\n1,9,16\n")
+    assert load_batch(p).kind == "2d"
+    p.write_text("100\nabc\n")
+    with pytest.raises(DcpOptError, match="l.txt:2: expected integers"):
+        load_batch(p)
+    p.write_text("0\n")
+    with pytest.raises(DcpOptError, match="l.txt:1"):
+        load_batch(p)
+    j = tmp_path / "b.json"
+    j.write_text("[[1, 9, 16], [30, 30, 54]]")
+    assert len(load_batch(j)) == 2
+    with pytest.raises(DcpOptError, match="cannot read"):
+        load_batch(tmp_path / "missing.txt")
+
+
+def test_standard_workloads_reproducible():
+    a = standard_batch("2d-short", 3)
+    b = standard_batch("2d-short", 3)
+    assert a == b
+    assert a.num_tokens >= 32 * 65536
+    long = standard_batch("1d-long", 0)
+    assert all(128 <= s.num_tokens <= 131072 for s in long.sequences)
+    with pytest.raises(DcpOptError, match="workload: '3d-short' not allowed"):
+        standard_batch("3d-short", 0)
+
+
+def test_presets_are_sane():
+    cm = CostModel(model_preset("llama-7b"), cluster_preset("h200x32"))
+    # 7B with zero1 over 32: 6.74e9 * (2 + 4 + 12/32) = 42.97 GB
+    assert cm.model_state_bytes() == pytest.approx(6.74e9 * 6.375)
+    # longer sequences take more time per token; more degree takes less time
+    t = [cm.microbatch_time([Sequence(0, (n,))], 8).total_s for n in (4096, 65536)]
+    assert t[1] / 65536 > t[0] / 4096
+    assert int(cm.min_recompute(131072, 1)) > int(cm.min_recompute(131072, 8)) >= 0
+    assert int(cm.min_recompute(400_000, 1)) == -1
+    assert np.all(cm.min_recompute(np.array([1024, 8192]), 8) == 0)
+
+
+def test_mixed_cluster_validation():
+    with pytest.raises(DcpOptError, match="cluster.speed_factors: must hold 4"):
+        Cluster("x", 1, 4, 1e9, 1e12, 1e9, 1e9, speed_factors=(1.0, 1.0))
