@@ -1,0 +1,272 @@
+"""Profile files: measured cost coefficients as versioned JSON, and the CostModel built from them.
+
+A profile records what was measured (device, date, torch version, thread count), for which
+model (a fingerprint of everything that decides one layer's cost: depth is extrapolated, so
+`num_layers` is not part of it), the fitted `CostCoefficients`, the fit report, and optionally
+the all-to-all bandwidth measured per group size. Loading checks every field and names the
+one at fault, so a stale or hand-edited file fails loudly instead of planning with nonsense.
+
+    profile = load_profile("tiny-lm.profile.json", model=spec)   # -> Profile
+    cost = cost_model_from_profile("tiny-lm.profile.json", spec, cluster)
+
+This module is torch-free (core).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .cluster import Cluster
+from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
+from .errors import DcpOptError
+from .model import ModelSpec
+
+PROFILE_SCHEMA_VERSION = 1
+PROFILE_KIND = "dcp_opt.profile"
+# What decides one layer's cost; name, depth and parameter count do not.
+_LAYER_FIELDS = (
+    "kind",
+    "hidden",
+    "num_heads",
+    "ffn_hidden",
+    "vocab_size",
+    "text_tokens",
+    "gated_mlp",
+    "causal",
+    "dtype_bytes",
+)
+_TERM_FIELDS = tuple(f.name for f in fields(TermCoeffs))
+
+
+class ProfileError(DcpOptError):
+    """A profile file that cannot be used: unreadable, malformed, or for another model."""
+
+
+def layer_fingerprint(model: ModelSpec) -> str:
+    """Hash of the fields that decide one layer's time and memory (not depth, not name)."""
+    payload = {k: getattr(model, k) for k in _LAYER_FIELDS}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class A2AMeasurement:
+    """All-to-all of one group size: time = latency_s + bytes_sent_per_rank / bandwidth."""
+
+    group_size: int
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    coefficients: CostCoefficients
+    model: ModelSpec
+    device: dict[str, Any]
+    date: str
+    fit: dict[str, Any] = field(default_factory=dict)
+    a2a: tuple[A2AMeasurement, ...] = ()
+    method: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = PROFILE_SCHEMA_VERSION
+
+    @property
+    def model_fingerprint(self) -> str:
+        return layer_fingerprint(self.model)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": self.schema_version,
+            "kind": PROFILE_KIND,
+            "device": self.device,
+            "date": self.date,
+            "model": self.model.to_dict(),
+            "model_fingerprint": self.model_fingerprint,
+            "coefficients": self.coefficients.to_dict(),
+            "fit": self.fit,
+            "a2a": [asdict(a) for a in self.a2a],
+            "method": self.method,
+        }
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def save_profile(profile: Profile, path: str | Path, *, force: bool = False) -> Path:
+    """Write `profile` as JSON; refuse to replace an existing file unless `force`."""
+    p = Path(path)
+    if p.exists() and not force:
+        raise ProfileError(f"profile {str(p)!r}: exists; pass force=True (--force) to overwrite")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n")
+    tmp.replace(p)  # atomic: a crash never leaves half a profile
+    return p
+
+
+def load_profile(path: str | Path, *, model: ModelSpec | None = None) -> Profile:
+    """Read and check a profile; with `model`, also check it was measured for that model."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ProfileError(f"profile {str(p)!r}: cannot read ({e.strerror})") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(
+            f"profile {p.name}: not valid JSON ({e.msg} at line {e.lineno})"
+        ) from None
+    prof = profile_from_dict(d)
+    if model is not None:
+        check_profile_matches(prof, model)
+    return prof
+
+
+def profile_from_dict(d: Any) -> Profile:
+    if not isinstance(d, dict):
+        raise ProfileError(f"profile: expected a JSON object, got {type(d).__name__}")
+    version = _get(d, "schema_version", int, "profile")
+    if version != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(
+            f"profile.schema_version: {version} not supported; "
+            f"this dcp_opt reads {PROFILE_SCHEMA_VERSION}"
+        )
+    kind = _get(d, "kind", str, "profile")
+    if kind != PROFILE_KIND:
+        raise ProfileError(f"profile.kind: expected {PROFILE_KIND!r}, got {kind!r}")
+    try:
+        model = ModelSpec.from_dict(_get(d, "model", dict, "profile"))
+    except DcpOptError as e:
+        raise ProfileError(f"profile.model: {e}") from None
+    stored = _get(d, "model_fingerprint", str, "profile")
+    if stored != layer_fingerprint(model):
+        raise ProfileError(
+            f"profile.model_fingerprint: {stored!r} does not match the file's own model "
+            f"({layer_fingerprint(model)!r}); the file was edited by hand or is corrupt"
+        )
+    coeffs = _parse_coefficients(_get(d, "coefficients", dict, "profile"), model)
+    return Profile(
+        coefficients=coeffs,
+        model=model,
+        device=_get(d, "device", dict, "profile"),
+        date=_get(d, "date", str, "profile"),
+        fit=d.get("fit", {}) if isinstance(d.get("fit", {}), dict) else {},
+        a2a=_parse_a2a(d.get("a2a", [])),
+        method=d.get("method", {}) if isinstance(d.get("method", {}), dict) else {},
+    )
+
+
+def check_profile_matches(profile: Profile, model: ModelSpec) -> None:
+    """Raise ProfileError unless the profile's layer shape is `model`'s."""
+    if profile.model_fingerprint == layer_fingerprint(model):
+        return
+    diffs = [
+        f"{k}: profile {getattr(profile.model, k)!r} vs model {getattr(model, k)!r}"
+        for k in _LAYER_FIELDS
+        if getattr(profile.model, k) != getattr(model, k)
+    ]
+    raise ProfileError(
+        f"profile.model_fingerprint: measured for model {profile.model.name!r}, whose layers "
+        f"differ from {model.name!r} ({'; '.join(diffs)}); profile this model instead"
+    )
+
+
+def cost_model_from_profile(
+    path: str | Path,
+    model: ModelSpec,
+    cluster: Cluster,
+    *,
+    use_measured_a2a: bool = False,
+    **cost_kw,
+) -> CostModel:
+    """`CostModel.from_profile`: a CostModel whose coefficients come from a profile file.
+
+    With `use_measured_a2a`, the cluster's intra-node bandwidth and latency are replaced by
+    the profile's all-to-all measurement of the largest group size (the only link measured).
+    """
+    prof = load_profile(path, model=model)
+    if use_measured_a2a and prof.a2a:
+        a = max(prof.a2a, key=lambda m: m.group_size)
+        cluster = cluster.with_(
+            intra_node_bw=a.bandwidth_bytes_per_s, intra_node_latency_s=a.latency_s
+        )
+    return CostModel(model, cluster, prof.coefficients, **cost_kw)
+
+
+# ---- parsing helpers ----------------------------------------------------------------------
+def _get(d: dict, key: str, typ, where: str):
+    if key not in d:
+        raise ProfileError(f"{where}.{key}: missing")
+    v = d[key]
+    if not isinstance(v, typ) or (isinstance(v, bool) and typ is not bool):
+        raise ProfileError(f"{where}.{key}: expected {typ.__name__}, got {type(v).__name__}")
+    return v
+
+
+def _number(d: dict, key: str, where: str, *, integer: bool = False) -> float:
+    if key not in d:
+        raise ProfileError(f"{where}.{key}: missing")
+    v = d[key]
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not ok or not math.isfinite(v) or v < 0 or (integer and int(v) != v):
+        want = "an integer >= 0" if integer else "a finite number >= 0"
+        raise ProfileError(f"{where}.{key}: must be {want}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def _parse_terms(d: Any, where: str) -> TermCoeffs:
+    if not isinstance(d, dict):
+        raise ProfileError(f"{where}: expected an object, got {type(d).__name__}")
+    extra = sorted(set(d) - set(_TERM_FIELDS))
+    if extra:
+        raise ProfileError(f"{where}: unknown fields {extra}; allowed: {list(_TERM_FIELDS)}")
+    return TermCoeffs(**{k: _number(d, k, where) for k in _TERM_FIELDS})
+
+
+def _parse_coefficients(d: dict, model: ModelSpec) -> CostCoefficients:
+    where = "profile.coefficients"
+    blocks = _get(d, "blocks", dict, where)
+    missing = [b for b in model.block_types if b not in blocks]
+    if missing:
+        raise ProfileError(
+            f"{where}.blocks: no entry for block types {missing} of a {model.kind} model; "
+            f"found {sorted(blocks)}"
+        )
+    parsed = {}
+    for name in model.block_types:
+        b = blocks[name]
+        bw = f"{where}.blocks.{name}"
+        if not isinstance(b, dict):
+            raise ProfileError(f"{bw}: expected an object, got {type(b).__name__}")
+        parsed[name] = BlockCoeffs(
+            _parse_terms(b.get("fwd"), f"{bw}.fwd"), _parse_terms(b.get("bwd"), f"{bw}.bwd")
+        )
+    scalars = {
+        f.name: _number(d, f.name, where, integer=f.name == "a2a_calls_per_layer")
+        for f in fields(CostCoefficients)
+        if f.name not in ("blocks", "source")
+    }
+    source = d.get("source", "profile")
+    return CostCoefficients(blocks=parsed, source=str(source), **scalars)
+
+
+def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
+    if not isinstance(items, list):
+        raise ProfileError(f"profile.a2a: expected a list, got {type(items).__name__}")
+    out = []
+    for i, a in enumerate(items):
+        where = f"profile.a2a[{i}]"
+        if not isinstance(a, dict):
+            raise ProfileError(f"{where}: expected an object, got {type(a).__name__}")
+        size = _number(a, "group_size", where, integer=True)
+        bw = _number(a, "bandwidth_bytes_per_s", where)
+        if size < 2 or bw <= 0:
+            raise ProfileError(f"{where}: needs group_size >= 2 and bandwidth > 0, got {a}")
+        out.append(A2AMeasurement(size, bw, _number(a, "latency_s", where)))
+    return tuple(out)

@@ -1,0 +1,142 @@
+"""Profile JSON (dcp_opt.profile_io): round trip, and clear errors for bad or mismatched files."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from dcp_opt import MODEL_PRESETS, CostModel, cluster_preset, flops_coefficients
+from dcp_opt.profile_io import (
+    A2AMeasurement,
+    Profile,
+    ProfileError,
+    cost_model_from_profile,
+    layer_fingerprint,
+    load_profile,
+    save_profile,
+)
+
+LLAMA = MODEL_PRESETS["llama-1b"]
+CLUSTER = cluster_preset("h200x8")
+
+
+def _profile(model=LLAMA) -> Profile:
+    return Profile(
+        coefficients=replace(flops_coefficients(model, CLUSTER), source="profile"),
+        model=model,
+        device={"type": "cpu", "name": "test", "num_threads": 1},
+        date="2026-11-29T10:00:00Z",
+        fit={"layer": {"fwd": {"median_rel_err_test": 0.03}}},
+        a2a=(A2AMeasurement(2, 1.5e9, 1e-4),),
+    )
+
+
+def test_round_trip(tmp_path):
+    p = save_profile(_profile(), tmp_path / "p.json")
+    back = load_profile(p, model=LLAMA)
+    assert back == _profile()
+    assert json.loads(p.read_text())["schema_version"] == 1
+
+
+def test_refuses_overwrite_without_force(tmp_path):
+    p = save_profile(_profile(), tmp_path / "p.json")
+    with pytest.raises(ProfileError, match="exists.*force"):
+        save_profile(_profile(), p)
+    save_profile(_profile(), p, force=True)
+
+
+def test_cost_model_from_profile_uses_the_coefficients(tmp_path):
+    p = save_profile(_profile(), tmp_path / "p.json")
+    cost = cost_model_from_profile(p, LLAMA, CLUSTER)
+    assert cost.coeffs == _profile().coefficients
+    assert cost.coeffs.source == "profile"
+    # With the measured a2a: the cluster's intra-node link becomes 1.5 GB/s, latency 0.1 ms.
+    cost2 = cost_model_from_profile(p, LLAMA, CLUSTER, use_measured_a2a=True)
+    assert cost2.cluster.intra_node_bw == 1.5e9 and cost2.cluster.intra_node_latency_s == 1e-4
+    assert isinstance(cost2, CostModel)
+
+
+def test_fingerprint_ignores_depth_and_name():
+    deeper = replace(LLAMA, name="other", num_layers=99, num_params=None)
+    assert layer_fingerprint(deeper) == layer_fingerprint(LLAMA)
+    assert layer_fingerprint(replace(LLAMA, hidden=4096)) != layer_fingerprint(LLAMA)
+
+
+def test_deeper_model_of_same_layer_loads(tmp_path):
+    p = save_profile(_profile(replace(LLAMA, num_layers=2)), tmp_path / "p.json")
+    cost = cost_model_from_profile(p, LLAMA, CLUSTER)  # extrapolated to 16 layers
+    assert cost.model.num_layers == 16
+
+
+def test_mismatched_model_names_the_field(tmp_path):
+    p = save_profile(_profile(), tmp_path / "p.json")
+    other = MODEL_PRESETS["llama-7b"]
+    with pytest.raises(
+        ProfileError, match=r"model_fingerprint.*hidden: profile 2048 vs model 4096"
+    ):
+        load_profile(p, model=other)
+    video = MODEL_PRESETS["opensora-stdit3-xl"]
+    with pytest.raises(ProfileError, match="kind: profile '1d' vs model '2d'"):
+        cost_model_from_profile(p, video, CLUSTER)
+
+
+def _write(tmp_path, mutate):
+    d = _profile().to_dict()
+    mutate(d)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda d: d.update(schema_version=7), r"profile\.schema_version: 7 not supported"),
+        (lambda d: d.pop("schema_version"), r"profile\.schema_version: missing"),
+        (lambda d: d.update(kind="plan"), r"profile\.kind: expected"),
+        (lambda d: d.pop("date"), r"profile\.date: missing"),
+        (lambda d: d.update(device="cpu"), r"profile\.device: expected dict, got str"),
+        (lambda d: d.update(model_fingerprint="0" * 16), r"profile\.model_fingerprint"),
+        (lambda d: d["model"].update(hidden=-1), r"profile\.model: model\.hidden"),
+        (
+            lambda d: d["coefficients"]["blocks"]["layer"]["fwd"].update(quad=-1.0),
+            r"profile\.coefficients\.blocks\.layer\.fwd\.quad: must be a finite number >= 0",
+        ),
+        (
+            lambda d: d["coefficients"]["blocks"]["layer"]["bwd"].update(cubic=1.0),
+            r"blocks\.layer\.bwd: unknown fields \['cubic'\]",
+        ),
+        (
+            lambda d: d["coefficients"]["blocks"].pop("layer"),
+            r"coefficients\.blocks: no entry for block types \['layer'\]",
+        ),
+        (
+            lambda d: d["coefficients"].update(reserved_bytes="4GB"),
+            r"coefficients\.reserved_bytes: must be a finite number",
+        ),
+        (
+            lambda d: d["coefficients"].pop("act_bytes_per_token_layer"),
+            r"coefficients\.act_bytes_per_token_layer: missing",
+        ),
+        (
+            lambda d: d["coefficients"].update(a2a_calls_per_layer=2.5),
+            r"a2a_calls_per_layer: must be an integer",
+        ),
+        (lambda d: d["a2a"][0].update(group_size=1), r"profile\.a2a\[0\]: needs group_size"),
+    ],
+)
+def test_bad_files_name_the_field(tmp_path, mutate, pattern):
+    with pytest.raises(ProfileError, match=pattern):
+        load_profile(_write(tmp_path, mutate))
+
+
+def test_unreadable_and_non_json(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+    p = tmp_path / "x.json"
+    p.write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        load_profile(p)
+    p.write_text("[1, 2]")
+    with pytest.raises(ProfileError, match="expected a JSON object, got list"):
+        load_profile(p)
