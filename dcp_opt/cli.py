@@ -1,0 +1,332 @@
+"""The `dcp-opt` command line. Thin: one function per subcommand, the work is in the library.
+
+    dcp-opt plan      plan one batch with one planner, print a summary, write plan JSON
+    dcp-opt simulate  validate a plan JSON against its inputs and predict its step
+    dcp-opt bench     every planner on every standard workload (dcp_opt.bench)
+
+Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
+fits nowhere) prints one line `dcp-opt: error: <message>` on stderr and exits 2. An invalid
+plan given to `simulate`, or a planner that returns no plan, exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from .batch import Batch
+from .bench import DEFAULT_MODELS, DEFAULT_NUM_BATCHES, BenchConfig, planner_kwargs
+from .cluster import GB, cluster_preset
+from .cost import SHARDING_MODES, CostModel
+from .errors import DcpOptError
+from .model import model_preset
+from .plan import Plan
+from .simulate import SimResult, simulate
+from .validate import validate
+from .workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
+
+PROG = "dcp-opt"
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other bad input."""
+
+    def error(self, message: str):
+        raise DcpOptError(f"{message} (see `{self.prog} --help`)")
+
+
+# ---- shared arguments --------------------------------------------------------------------------
+def _add_inputs(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--lengths",
+        metavar="FILE",
+        help="batch file: one length per line (1D), frames,height,width per line (2D), or JSON",
+    )
+    src.add_argument(
+        "--workload",
+        metavar="NAME",
+        help=f"a standard workload: {', '.join(w.name for w in STANDARD_WORKLOADS)}",
+    )
+    p.add_argument("--seed", type=int, default=None, help="workload seed (default 0); planner seed")
+    p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
+    p.add_argument("--cluster", default="h200x32", help="cluster preset (default h200x32)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"model preset (default: {DEFAULT_MODELS['1d']} for 1D, "
+        f"{DEFAULT_MODELS['2d']} for 2D batches)",
+    )
+    p.add_argument("--optimizer-sharding", default="zero1", choices=SHARDING_MODES)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
+    cluster = cluster_preset(args.cluster)
+    if args.lengths is not None:
+        batch = load_batch(args.lengths)
+    else:
+        batch = standard_batch(
+            args.workload,
+            args.seed or 0,
+            num_gpus=cluster.num_gpus,
+            tokens_per_gpu=args.tokens_per_gpu,
+        )
+    model = model_preset(args.model or DEFAULT_MODELS[batch.kind])
+    if model.kind != batch.kind:
+        raise DcpOptError(
+            f"model: {model.name!r} is a {model.kind} model but the batch holds "
+            f"{batch.kind} sequences"
+        )
+    return batch, CostModel(model, cluster, optimizer_sharding=args.optimizer_sharding)
+
+
+def _write(path: str, text: str, field: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise DcpOptError(f"{field} {path!r}: cannot write ({e.strerror})") from None
+
+
+def _read_plan(path: str) -> Plan:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise DcpOptError(f"plan file {path!r}: cannot read ({e.strerror})") from None
+    return Plan.from_json(text)
+
+
+def _note(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr)
+
+
+def _split(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+# ---- plan --------------------------------------------------------------------------------------
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="plan one batch and print a summary")
+    _add_inputs(p)
+    p.add_argument("--planner", default="greedy", help="planner name (default greedy)")
+    p.add_argument("--out", metavar="PLAN_JSON", help="write the plan here")
+    p.add_argument("--json", metavar="SUMMARY_JSON", help="write the summary here")
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
+    p.add_argument("--workers", type=int, default=None, help="solver worker threads")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dcp_opt.solvers import get_planner
+
+    batch, cost = _inputs(args)
+    cost.check_fits(batch)  # names the sequence, its need and the capacity
+    fn = get_planner(args.planner)
+    kwargs, ignored = planner_kwargs(
+        fn, time_limit_s=args.time_limit, seed=args.seed, num_workers=args.workers
+    )
+    for name in ignored:
+        _note(f"note: planner {args.planner!r} takes no {name}; ignored")
+    res = fn(batch, cost, **kwargs)
+    if not res.ok:
+        _note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
+        return EXIT_FAILED
+    sim = simulate(res.plan, batch, cost)
+    summary = plan_summary(res, sim, batch, cost)
+    for line in summary_lines(summary):
+        print(line)
+    if args.out:
+        _write(args.out, res.plan.to_json() + "\n", "out")
+    if args.json:
+        _write(args.json, json.dumps(summary, indent=1) + "\n", "json")
+    return 0
+
+
+def _degrees(plan: Plan) -> list[dict[str, int]]:
+    """Per phase: SP degree -> number of groups that run at least one micro-batch."""
+    return [
+        {
+            str(d): k
+            for d, k in sorted(Counter(g.degree for g in ph.groups if g.micro_batches).items())
+        }
+        for ph in plan.phases
+    ]
+
+
+def plan_summary(res, sim: SimResult, batch: Batch, cost: CostModel) -> dict:
+    plan = res.plan
+    return {
+        **res.summary(),
+        "imbalance": sim.imbalance,
+        "comm_share": sim.comm_share,
+        "peak_memory_gb": float(sim.peak_memory_bytes.max()) / GB,
+        "capacity_gb": cost.capacity() / GB,
+        "num_phases": len(plan.phases),
+        "num_groups": sum(1 for ph in plan.phases for g in ph.groups if g.micro_batches),
+        "num_micro_batches": plan.num_micro_batches,
+        "degrees": _degrees(plan),
+        "cluster": cost.cluster.name,
+        "model": cost.model.name,
+        "num_sequences": len(batch),
+        "num_tokens": batch.num_tokens,
+        "fingerprint": plan.fingerprint,
+    }
+
+
+def summary_lines(s: dict) -> list[str]:
+    degrees = " | ".join(", ".join(f"{d}x{k}" for d, k in ph.items()) for ph in s["degrees"])
+    return [
+        f"planner     {s['planner']} ({s['status']}, {s['wall_time_s'] * 1e3:.1f} ms)",
+        f"batch       {s['num_sequences']} sequences, {s['num_tokens']:,} tokens; "
+        f"{s['model']} on {s['cluster']}",
+        f"step time   {s['predicted_step_time_s']:.4f} s predicted; lower bound "
+        f"{s['lower_bound_s']:.4f} s; gap {s['gap']:.1%}",
+        f"balance     imbalance {s['imbalance']:.1%}; communication {s['comm_share']:.1%} "
+        f"of busy time; peak memory {s['peak_memory_gb']:.1f} / {s['capacity_gb']:.1f} GB",
+        f"plan        {s['num_phases']} phase(s), {s['num_groups']} busy group(s), "
+        f"{s['num_micro_batches']} micro-batches; degree x groups: {degrees}",
+    ]
+
+
+# ---- simulate ----------------------------------------------------------------------------------
+def _add_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="validate a plan against its inputs and simulate it")
+    p.add_argument("plan", help="plan JSON written by `dcp-opt plan --out`")
+    _add_inputs(p)
+    p.add_argument(
+        "--ignore-fingerprint",
+        action="store_true",
+        help="simulate under other inputs than the plan was made for (what-if)",
+    )
+    p.add_argument("--json", metavar="OUT", help="write the simulation summary here")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    plan = _read_plan(args.plan)
+    batch, cost = _inputs(args)
+    violations = validate(plan, batch, cost, check_fingerprint=not args.ignore_fingerprint)
+    if violations:
+        _note(f"invalid plan: {len(violations)} violation(s)")
+        for v in violations:
+            print(f"  {v}", file=sys.stderr)
+        return EXIT_FAILED
+    sim = simulate(plan, batch, cost)
+    s = sim.summary()
+    print(
+        f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
+        f"{s['grad_sync_s']:.4f} s)"
+    )
+    print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
+    print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
+    print(
+        f"peak memory {s['peak_memory_gb']:.1f} GB (capacity {cost.capacity() / GB:.1f} GB); "
+        f"{s['num_micro_batches']} micro-batches"
+    )
+    if args.json:
+        s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
+        _write(args.json, json.dumps(s, indent=1) + "\n", "json")
+    return 0
+
+
+# ---- bench -------------------------------------------------------------------------------------
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="every planner on every standard workload")
+    p.add_argument("--cluster", default="h200x32")
+    p.add_argument("--workloads", default=None, help="comma-separated (default: all six)")
+    p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
+    p.add_argument("--batches", type=int, default=DEFAULT_NUM_BATCHES, help="seeds per workload")
+    p.add_argument("--seed", type=int, default=0, help="first seed")
+    p.add_argument("--model-1d", default=DEFAULT_MODELS["1d"])
+    p.add_argument("--model-2d", default=DEFAULT_MODELS["2d"])
+    p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
+    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
+    p.add_argument("--json", metavar="OUT", help="write every figure here (see dcp_opt.bench)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .bench import error_lines, render_table, run_bench
+
+    config = BenchConfig(
+        cluster=args.cluster,
+        workloads=_split(args.workloads) or BenchConfig().workloads,
+        planners=_split(args.planners),
+        num_batches=args.batches,
+        first_seed=args.seed,
+        models={"1d": args.model_1d, "2d": args.model_2d},
+        tokens_per_gpu=args.tokens_per_gpu,
+        planner_options={"time_limit_s": args.time_limit},
+    )
+    with _progress(disabled=args.no_progress) as (on_start, on_done):
+        doc = run_bench(config, on_start=on_start, on_done=on_done)
+    Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
+    for line in error_lines(doc):
+        _note(line)
+    if args.json:
+        _write(args.json, json.dumps(doc, indent=1) + "\n", "json")
+    failed = any(not r["all_valid"] for r in doc["summary"])
+    return EXIT_FAILED if (args.strict and failed) else 0
+
+
+class _progress:
+    """A rich progress bar on stderr, driven by run_bench's callbacks."""
+
+    def __init__(self, disabled: bool):
+        self.disabled = disabled
+        self.bar = None
+
+    def __enter__(self) -> tuple[Callable[[int], None], Callable[[str, str], None]]:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.bar = Progress(console=Console(stderr=True), transient=True, disable=self.disabled)
+        self.bar.__enter__()
+        task = self.bar.add_task("planning", total=None)
+
+        def on_start(total: int) -> None:
+            self.bar.update(task, total=total)
+
+        def on_done(workload: str, planner: str) -> None:
+            self.bar.update(task, advance=1, description=f"{workload} {planner}")
+
+        return on_start, on_done
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+
+# ---- entry point -------------------------------------------------------------------------------
+# One registration function per subcommand; `show` and `whatif` (issue 6) add theirs here.
+COMMANDS = (_add_plan, _add_simulate, _add_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for register in COMMANDS:
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except DcpOptError as e:
+        msg = " ".join(str(e).split())  # one line, whatever the message holds
+        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

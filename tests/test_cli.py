@@ -1,0 +1,380 @@
+"""The dcp-opt command line and the bench, in-process (main([...])) and once via subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dcp_opt.solvers as solvers
+import pytest
+
+from dcp_opt import Batch, CostModel, Plan, cluster_preset, model_preset, simulate, validate
+from dcp_opt.bench import BENCH_SCHEMA, BenchConfig, planner_kwargs, run_bench
+from dcp_opt.cli import main
+from tests import stub_planners
+
+STUB_MODULE = "dcp_opt.solvers._test_stub"
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """Register the stub planners as if they lived in dcp_opt.solvers."""
+    monkeypatch.setitem(sys.modules, STUB_MODULE, stub_planners)
+    for name, fn in [("stub_whole", "plan_whole"), ("stub_nodes", "plan_nodes")]:
+        monkeypatch.setitem(solvers.PLANNERS, name, f"_test_stub:{fn}")
+    monkeypatch.setitem(solvers.PLANNERS, "stub_boom", "_test_stub:plan_boom")
+
+
+def _lengths(tmp_path: Path, text: str, name: str = "b.txt") -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dcp-opt: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---- plan and simulate -------------------------------------------------------------------------
+def test_plan_writes_plan_and_summary_then_simulate_round_trip(stubs, tmp_path, capsys):
+    lengths = _lengths(tmp_path, "4096\n1024\n16384\n2048\n")
+    plan_path, summary_path = tmp_path / "plan.json", tmp_path / "s.json"
+    common = ["--lengths", lengths, "--cluster", "h200x16", "--model", "llama-1b"]
+    rc = main(
+        ["plan", *common, "--planner", "stub_nodes", "--out", str(plan_path)]
+        + ["--json", str(summary_path)]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "stub_nodes" in out and "lower bound" in out and "imbalance" in out
+    s = json.loads(summary_path.read_text())
+    plan = Plan.from_json(plan_path.read_text())
+    # Check the summary against an independent simulation of the written plan.
+    batch = Batch.from_lengths([4096, 1024, 16384, 2048])
+    cost = CostModel(model_preset("llama-1b"), cluster_preset("h200x16"))
+    assert validate(plan, batch, cost) == []
+    sim = simulate(plan, batch, cost)
+    assert s["predicted_step_time_s"] == pytest.approx(sim.step_time_s)
+    assert s["gap"] == pytest.approx(s["predicted_step_time_s"] / s["lower_bound_s"] - 1)
+    assert s["imbalance"] == pytest.approx(sim.imbalance)
+    # 16 GPUs = 2 nodes of 8: the stub runs two degree-8 groups, 4 sequences in all.
+    assert (s["num_phases"], s["num_groups"], s["num_micro_batches"]) == (1, 2, 4)
+    assert s["degrees"] == [{"8": 2}]
+    assert s["num_sequences"] == 4 and s["num_tokens"] == 4096 + 1024 + 16384 + 2048
+
+    rc = main(["simulate", str(plan_path), *common, "--json", str(tmp_path / "sim.json")])
+    assert rc == 0
+    assert "step time" in capsys.readouterr().out
+    assert json.loads((tmp_path / "sim.json").read_text())["step_time_s"] == pytest.approx(
+        sim.step_time_s
+    )
+
+
+def test_simulate_prints_every_violation(stubs, tmp_path, capsys):
+    lengths = _lengths(tmp_path, "4096\n1024\n")
+    plan_path = tmp_path / "plan.json"
+    common = ["--cluster", "h200x8", "--model", "llama-1b"]
+    assert (
+        main(
+            ["plan", "--lengths", lengths, *common, "--planner", "stub_whole"]
+            + ["--out", str(plan_path)]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    # Another batch: the plan misses sequence 2, its fingerprint no longer matches, and its
+    # token normaliser 4096 + 1024 = 5120 is not the new batch's 5120 + 512 = 5632.
+    other = _lengths(tmp_path, "4096\n1024\n512\n", "other.txt")
+    assert main(["simulate", str(plan_path), "--lengths", other, *common]) == 1
+    err = capsys.readouterr().err
+    assert "MISSING_SEQUENCE" in err and "FINGERPRINT_MISMATCH" in err
+    assert "BAD_NORMALIZER: tokens normaliser 5120.0" in err
+    assert "3 violation(s)" in err
+    # Under another cluster with --ignore-fingerprint the same plan is a what-if: h200x16 has
+    # 16 ranks, the plan 8 -> WRONG_NUM_RANKS (and uncovered ranks) are still reported.
+    assert (
+        main(
+            [
+                "simulate",
+                str(plan_path),
+                "--lengths",
+                lengths,
+                "--cluster",
+                "h200x16",
+                "--model",
+                "llama-1b",
+                "--ignore-fingerprint",
+            ]
+        )
+        == 1
+    )
+    assert "WRONG_NUM_RANKS" in capsys.readouterr().err
+
+
+def test_plan_from_standard_workload_on_24_gpus(stubs, capsys, tmp_path):
+    out = tmp_path / "s.json"
+    rc = main(
+        [
+            "plan",
+            "--workload",
+            "1d-short",
+            "--seed",
+            "3",
+            "--cluster",
+            "h200x24",
+            "--planner",
+            "stub_nodes",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    s = json.loads(out.read_text())
+    # 24 GPUs = 3 nodes -> three degree-8 groups; the 1D default model is llama-7b.
+    assert s["degrees"] == [{"8": 3}] and s["model"] == "llama-7b" and s["cluster"] == "h200x24"
+    assert s["num_tokens"] >= 24 * 65536
+
+
+def test_plan_with_a_sequence_that_needs_the_whole_cluster(stubs, tmp_path, capsys):
+    # 600,000 tokens of llama-7b on one node of 8 H200 fit only at degree 8, even with every
+    # layer recomputed (checked below), so the plan must give that sequence the whole cluster.
+    cost = CostModel(model_preset("llama-7b"), cluster_preset("h200x8"))
+    assert int(cost.min_recompute(600_000, 4)) == -1 and int(cost.min_recompute(600_000, 8)) >= 0
+    lengths = _lengths(tmp_path, "600000\n2048\n512\n")
+    out = tmp_path / "s.json"
+    rc = main(
+        [
+            "plan",
+            "--lengths",
+            lengths,
+            "--cluster",
+            "h200x8",
+            "--planner",
+            "stub_whole",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    s = json.loads(out.read_text())
+    assert s["degrees"] == [{"8": 1}] and s["model"] == "llama-7b"
+    assert s["peak_memory_gb"] <= s["capacity_gb"]
+
+
+# ---- bad input: one line, exit 2 ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, extra, field",
+    [
+        ("100\n", ["--cluster", "h900x3"], "cluster: unknown preset 'h900x3'"),
+        ("100\n", ["--model", "gpt-17"], "model: unknown preset 'gpt-17'"),
+        ("100\nabc\n", [], "b.txt:2: expected integers"),
+        ("100\n0\n", [], "b.txt:2: expected one length >= 1"),
+        ("100\n-5\n", [], "b.txt:2"),
+        ("# nothing\n\n", [], "lengths file b.txt: no sequences"),
+        ("[1, 2", [], "b.txt: not valid JSON"),
+        ("100\n1,9,16\n", [], "mixes 1D lengths and 2D shapes"),
+        ("1,9,16\n", ["--model", "llama-7b"], "model: 'llama-7b' is a 1d model"),
+        ("100\n2000000\n", [], "sequence 1 (shape (2000000,), 2000000 tokens) cannot fit"),
+        ("100\n", ["--planner", "nope"], "planner: 'nope' not allowed"),
+        ("100\n", ["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, text, extra, field):
+    lengths = _lengths(tmp_path, text)
+    rc = main(["plan", "--lengths", lengths, "--cluster", "h200x8", *extra])
+    assert rc == 2
+    line = _one_error_line(capsys)
+    assert field in line, line
+
+
+def test_infeasible_sequence_names_need_and_capacity(tmp_path, capsys):
+    assert main(["plan", "--lengths", _lengths(tmp_path, "2000000\n"), "--cluster", "h200x8"]) == 2
+    line = _one_error_line(capsys)
+    assert "needs" in line and "GB per GPU" in line and "capacity" in line
+
+
+def test_bad_plan_file_and_missing_file(tmp_path, capsys):
+    lengths = _lengths(tmp_path, "100\n")
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"schema_version": 99}')
+    assert main(["simulate", str(bad), "--lengths", lengths, "--cluster", "h200x8"]) == 2
+    assert "plan.schema_version: 99 not supported" in _one_error_line(capsys)
+    assert main(["simulate", str(tmp_path / "none.json"), "--lengths", lengths]) == 2
+    assert "plan file" in _one_error_line(capsys)
+    assert main(["plan", "--lengths", str(tmp_path / "none.txt")]) == 2
+    assert "cannot read" in _one_error_line(capsys)
+
+
+def test_subprocess_entry_point_bad_input(tmp_path):
+    lengths = _lengths(tmp_path, "100\n0\n")
+    exe = Path(sys.executable).with_name("dcp-opt")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dcp_opt.cli"]
+    out = subprocess.run(
+        [*cmd, "plan", "--lengths", lengths, "--cluster", "h200x8"], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "dcp-opt: error: b.txt:2: expected one length >= 1 or frames,height,width >= 1, got '0'"
+    ]
+
+
+# ---- bench -------------------------------------------------------------------------------------
+SUMMARY_KEYS = {
+    "workload",
+    "model",
+    "planner",
+    "num_batches",
+    "num_valid",
+    "num_errors",
+    "all_valid",
+    "median_step_time_s",
+    "median_lower_bound_s",
+    "median_gap",
+    "median_imbalance",
+    "median_speedup_vs_bucket",
+    "median_speedup_vs_static_tuned",
+    "min_speedup_vs_bucket",
+    "min_speedup_vs_static_tuned",
+    "median_wall_time_s",
+    "max_wall_time_s",
+    "errors",
+}
+BATCH_KEYS = {
+    "workload",
+    "planner",
+    "seed",
+    "num_sequences",
+    "num_tokens",
+    "status",
+    "valid",
+    "violations",
+    "step_time_s",
+    "lower_bound_s",
+    "planner_bound_s",
+    "gap",
+    "imbalance",
+    "comm_share",
+    "wall_time_s",
+    "speedup_vs_bucket",
+    "speedup_vs_static_tuned",
+    "error",
+}
+
+
+def test_bench_tiny_writes_documented_json(stubs, monkeypatch, tmp_path, capsys):
+    # Let the stubs stand in for the two references, so the speedups are defined.
+    monkeypatch.setitem(solvers.PLANNERS, "bucket", "_test_stub:plan_whole")
+    monkeypatch.setitem(solvers.PLANNERS, "static_tuned", "_test_stub:plan_nodes")
+    out = tmp_path / "bench.json"
+    rc = main(
+        [
+            "bench",
+            "--batches",
+            "2",
+            "--workloads",
+            "1d-short",
+            "--cluster",
+            "h200x16",
+            "--planners",
+            "bucket,static_tuned,stub_boom",
+            "--json",
+            str(out),
+            "--no-progress",
+            "--tokens-per-gpu",
+            "16384",
+        ]
+    )
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "1d-short" in captured.out and "stub_boom" in captured.out
+    assert "boom: injected planner failure" in captured.err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == BENCH_SCHEMA
+    assert doc["config"]["seeds"] == [0, 1] and doc["config"]["num_gpus"] == 16
+    assert all(set(r) == SUMMARY_KEYS for r in doc["summary"])
+    assert all(set(r) == BATCH_KEYS for r in doc["batches"])
+    rows = {r["planner"]: r for r in doc["summary"]}
+    assert rows["bucket"]["all_valid"] and rows["static_tuned"]["num_valid"] == 2
+    assert rows["stub_boom"]["num_errors"] == 2 and rows["stub_boom"]["median_step_time_s"] is None
+    # Speedups are per-batch ratios of the recorded step times; the reference against itself is 1.
+    by = {(b["planner"], b["seed"]): b for b in doc["batches"]}
+    for seed in (0, 1):
+        want = by[("bucket", seed)]["step_time_s"] / by[("static_tuned", seed)]["step_time_s"]
+        assert by[("static_tuned", seed)]["speedup_vs_bucket"] == pytest.approx(want)
+        assert by[("bucket", seed)]["speedup_vs_bucket"] == pytest.approx(1.0)
+        b = by[("bucket", seed)]
+        assert b["gap"] == pytest.approx(b["step_time_s"] / b["lower_bound_s"] - 1)
+    ratios = sorted(by[("static_tuned", s)]["speedup_vs_bucket"] for s in (0, 1))
+    assert rows["static_tuned"]["median_speedup_vs_bucket"] == pytest.approx(sum(ratios) / 2)
+    assert rows["static_tuned"]["min_speedup_vs_bucket"] == pytest.approx(ratios[0])
+
+
+def test_bench_strict_exit_and_unbuilt_planner(stubs, monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(solvers.PLANNERS, "unbuilt", "no_such_module:plan")
+    rc = main(
+        [
+            "bench",
+            "--batches",
+            "1",
+            "--workloads",
+            "1d-short",
+            "--cluster",
+            "h200x8",
+            "--planners",
+            "stub_whole,stub_boom,unbuilt",
+            "--strict",
+            "--no-progress",
+            "--tokens-per-gpu",
+            "8192",
+        ]
+    )
+    assert rc == 1  # stub_boom failed and --strict was given
+    assert "skipped: unbuilt" in capsys.readouterr().err
+    assert main(["bench", "--planners", "nope", "--no-progress"]) == 2
+    assert "planners: ['nope'] not allowed" in _one_error_line(capsys)
+    assert main(["bench", "--workloads", "3d-x", "--no-progress"]) == 2
+    assert "workload: '3d-x' not allowed" in _one_error_line(capsys)
+
+
+def test_bench_catches_an_invalid_plan(stubs, monkeypatch):
+    # A planner whose plan drops a sequence: recorded as invalid, never crashes the bench.
+    def plan_drop(batch, cost, **kw):
+        res = stub_planners.plan_whole(batch, cost)
+        d = res.plan.to_dict()
+        d["phases"][0]["groups"][0]["micro_batches"].pop()
+        return type(res)(
+            res.status,
+            Plan.from_dict(d),
+            *(
+                getattr(res, f)
+                for f in ("predicted_step_time_s", "lower_bound_s", "wall_time_s", "planner")
+            ),
+        )
+
+    monkeypatch.setattr(stub_planners, "plan_drop", plan_drop, raising=False)
+    monkeypatch.setitem(solvers.PLANNERS, "stub_drop", "_test_stub:plan_drop")
+    doc = run_bench(BenchConfig("h200x8", ("1d-short",), ("stub_drop",), 1, tokens_per_gpu=8192))
+    (row,) = doc["summary"]
+    assert row["num_valid"] == 0 and "MISSING_SEQUENCE" in row["errors"][0]
+    assert doc["batches"][0]["violations"] == ["MISSING_SEQUENCE"]
+
+
+def test_planner_kwargs_maps_aliases():
+    def a(batch, cost, *, time_limit=1.0, seed=0):
+        pass
+
+    def b(batch, cost, **options):
+        pass
+
+    assert planner_kwargs(a, time_limit_s=0.5, seed=3, num_workers=2) == (
+        {"time_limit": 0.5, "seed": 3},
+        ["num_workers"],
+    )
+    assert planner_kwargs(b, time_limit_s=0.5, seed=None) == ({"time_limit_s": 0.5}, [])
