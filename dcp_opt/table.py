@@ -19,6 +19,10 @@ class SeqTable:
     r_min: np.ndarray  # (n, D) fewest recomputed layers that fit alone; -1 = never
     time: np.ndarray  # (n, D) seconds alone at r_min (inf where infeasible)
     time_no_overhead: np.ndarray  # (n, D) the same less the per-micro-batch overhead
+    # (n, D) the same less every per-micro-batch constant (overhead, per-layer kernel
+    # launches, all-to-all latency): the part a packed micro-batch cannot share, so a sum of
+    # these never exceeds the packed time (what a certified bound needs).
+    time_marginal: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -39,6 +43,7 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     n, nd = len(batch), len(degrees)
     r_min = np.full((n, nd), -1, dtype=int)
     time = np.full((n, nd), np.inf)
+    marginal = np.full((n, nd), np.inf)
     over = cost.coeffs.microbatch_overhead_s
     for j, d in enumerate(degrees):
         cap = max(cost.capacity(s, d) for s in cost.cluster.placements(d))
@@ -47,6 +52,8 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
         r_min[:, j] = r
         if ok.any():
             time[ok, j] = cost.time(feats[ok], d, r[ok])
-    out = SeqTable(degrees, feats, tokens, r_min, time, time - over)
+            # time is affine in the features: t(f) = t(0) + marginal(f)
+            marginal[ok, j] = time[ok, j] - cost.time(np.zeros_like(feats[ok]), d, r[ok])
+    out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal)
     cost._cache[key] = out
     return out
