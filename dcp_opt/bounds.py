@@ -31,6 +31,13 @@ class LowerBound:
 
 
 def lower_bound(batch: Batch, cost: CostModel) -> LowerBound:
+    key = ("lower_bound", batch.fingerprint())  # cached: every planner's finish() asks
+    if key not in cost._cache:
+        cost._cache[key] = _lower_bound(batch, cost)
+    return cost._cache[key]
+
+
+def _lower_bound(batch: Batch, cost: CostModel) -> LowerBound:
     cost.check_fits(batch)
     tab = seq_table(batch, cost)
     deg = np.asarray(tab.degrees, dtype=float)

@@ -380,17 +380,19 @@ class CostModel:
         """Raise InfeasibleError naming the first sequence that fits nowhere."""
         dmax = max(self.cluster.allowed_degrees)
         cap = max(self.capacity(s, dmax) for s in self.cluster.placements(dmax))
-        for s in batch.sequences:
-            if self.min_recompute(s.num_tokens, dmax, cap) < 0:
-                need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
-                raise InfeasibleError(
-                    f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
-                    f"{need / GB:.1f} GB per GPU at the largest degree {dmax} with all "
-                    f"{self.model.num_layers} layers recomputed; capacity {cap / GB:.1f} GB",
-                    sequence_id=s.id,
-                    need_bytes=need,
-                    capacity_bytes=cap,
-                )
+        tokens = self.batch_features(batch)[:, -2]
+        bad = np.flatnonzero(self.min_recompute(tokens, dmax, cap) < 0)
+        if len(bad):
+            s = batch.sequences[int(bad[0])]
+            need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
+            raise InfeasibleError(
+                f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
+                f"{need / GB:.1f} GB per GPU at the largest degree {dmax} with all "
+                f"{self.model.num_layers} layers recomputed; capacity {cap / GB:.1f} GB",
+                sequence_id=s.id,
+                need_bytes=need,
+                capacity_bytes=cap,
+            )
 
     def fingerprint(self) -> str:
         payload = {

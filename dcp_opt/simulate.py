@@ -85,7 +85,8 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
     peak = np.full(n, cost.fixed_bytes())
     events: list[Event] = []
     comm_total = rec_total = 0.0
-    by_id = batch.by_id
+    feats = cost.batch_features(batch)  # cached rows; a micro-batch sums its members' rows
+    row = {s.id: k for k, s in enumerate(batch.sequences)}
     for p, phase in enumerate(plan.phases):
         for g in phase.groups:
             ranks = slice(g.start_rank, g.start_rank + g.degree)
@@ -93,7 +94,7 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
             spans = cluster.spans_nodes(g.start_rank, g.degree)
             speed = cluster.group_speed(g.start_rank, g.degree)
             for k, mb in enumerate(g.micro_batches):
-                f = sum(cost.features(by_id[s]) for s in mb.sequence_ids)
+                f = feats[[row[s] for s in mb.sequence_ids]].sum(axis=0)
                 c, r, m = (
                     float(x)
                     for x in cost.time_parts(
