@@ -8,19 +8,27 @@ between phases; gradients are still synchronised once, after the last phase). Ra
 
 Where faithfulness and the no-drop rule clash (every sequence is trained exactly once):
 
-1. Bucket tails. Inter truncates every bucket to a multiple of its bs (drop_last); intra drops
-   the fastest partial group of a step. We keep tails as partial micro-batches in place. This is
-   what the sampler's own `keep_last` mode did in an earlier revision (01cc02b: no truncation,
-   no pruning, no dropped partial group), and we borrow that mode's rule for intra: the target
-   time t_min is taken over groups whose bucket still has samples, and last-batch groups faster
-   than it are left as they are (otherwise a 1-sample tail would drag every group to bs=1).
+1. Bucket tails. Inter truncates every bucket to a multiple of its bs and intra drops the
+   fastest partial group of a step (both under drop_last, which every benchmark yaml sets).
+   We run the master code path as with drop_last off: tails stay, as partial micro-batches,
+   where the fill put them. An earlier revision (01cc02b) had a `keep_last` mode for this;
+   `plan_dcp_intra(keep_last=True)` adds its rule (the target t_min is taken over groups whose
+   bucket still has samples, and last batches faster than it are left alone and ignored by
+   step e), which stops a 1-sample tail from setting the pace of its step.
 2. Partially filled steps. When no remaining bucket's sp fits the free GPUs the published code
    discards the step's samples; we run the step with the rest of the GPUs idle.
 3. Inter's GA pruning (drop a group whose bucket cannot supply its GA quota, and the rest of
-   that bucket) is skipped, as in `keep_last`; the chain ends when the bucket runs out (the
+   that bucket; drop_last only) is skipped; the chain ends when the bucket runs out (the
    published realised-gas behaviour, sec. 6.A7).
-4. Intra's pop (sec. 2.3 d) returns the popped groups' samples to the pool (as published); if
+4. One global batch is small against the profile: a bucket's memory-bound bs often exceeds its
+   count in the batch, so the first step takes whole buckets, and inter has nothing left to
+   chain (its plan is then one phase of whole buckets, mostly at sp=1). This is what the
+   published algorithm does with such a batch; we do not rescale the profile.
+5. Intra's pop (sec. 2.3 d) returns the popped groups' samples to the pool (as published); if
    the pops leave fewer than N GPUs busy (only on non-power-of-two clusters) the rest idle.
+6. PAC's min_gas 15 (dcp_inter_ckpt.yaml) is a per-optimizer-step rule; applied to every phase
+   of one batch it only unbalances the first phase, so the default is dcp_inter's 2 (see
+   `plan_dcp_inter_pac`).
 
 Other adaptations: SP degrees and widening steps come from `cluster.allowed_degrees` (so 24 =
 3x8 and 6 = 1x6 work; the published powers of two break there, sec. 6.A6); groups are laid out
@@ -171,6 +179,10 @@ def layout(degrees: list[int], cost: CostModel) -> list[int | None]:
 
 def _groups(entries, starts) -> list[Group]:
     """entries: (sp, [micro-batch], ...) in layout order -> Groups."""
+    if any(s is None for s in starts):  # cannot happen: the allowed degrees form a chain
+        raise RuntimeError(
+            f"videosys layout: no aligned place for degrees {[e[0] for e in entries]}"
+        )
     return [Group(s, sp, tuple(mbs)) for (sp, mbs), s in zip(entries, starts, strict=True)]
 
 
@@ -252,12 +264,20 @@ def plan_dcp_inter_pac(
     *,
     seed: int = 0,
     max_gas: int = 5,
-    min_gas: int = 15,
+    min_gas: int = 2,
     biased_sp_pick: bool = False,
     memory_unit: float = GIB,
 ) -> PlanResult:
     """DCP-inter with pyramid activation checkpointing: the profile picks (sp, bs, recompute)
-    per bucket by the GiB knapsack (sec. 1.8); dcp_inter_ckpt.yaml: max 5, min 15."""
+    per bucket by the GiB knapsack (sec. 1.8), then as dcp_inter.
+
+    min_gas: dcp_inter_ckpt.yaml sets max 5, min 15: each optimizer step's longest chain has
+    at least 15 micro-batches. Here the optimizer step is the whole plan and a phase is only
+    part of it, so the yaml's rule is a statement about the batch size, not one a phase
+    should enforce: applied per phase it scales every chain of the first phase by up to 15x,
+    the chains then run dry unevenly and the step is 1.0-1.5x slower (median over the
+    standard workloads on h200x32). We therefore use dcp_inter's min 2; pass min_gas=15 for
+    the yaml value."""
     return _plan_inter(
         batch, cost, "dcp_inter_pac", "pac", seed, max_gas, min_gas, biased_sp_pick, memory_unit
     )
@@ -265,9 +285,10 @@ def plan_dcp_inter_pac(
 
 # ---- DCP-intra (sec. 2.3) --------------------------------------------------------------------
 def _retune(step, pool: _Pool, max_sp: int, keep_last: bool) -> list[bool]:
-    """(b)+(c): move every group towards the fastest group by shrinking bs / widening sp.
-    Returns which groups were left alone (the target's bucket; with `keep_last`, also last
-    batches faster than the target, which is then taken over groups with samples left)."""
+    """(b)+(c): move every group towards the fastest group by shrinking bs / widening sp; the
+    target's bucket is left alone. Returns the groups frozen by `keep_last` (last batches
+    faster than the target, which is then taken over groups whose bucket has samples left):
+    their capacity is their own time, so step (e) ignores them."""
     prof = pool.prof
     times = [prof[b].per_sp[sp].unit * n for b, sp, n in step]
     live = list(range(len(step)))
@@ -277,14 +298,13 @@ def _retune(step, pool: _Pool, max_sp: int, keep_last: bool) -> list[bool]:
             return [True] * len(step)  # only last batches: keep_last leaves them all
     i_min = min(live, key=lambda i: times[i])
     t_min, b_min = times[i_min], step[i_min][0]
-    skip = [
-        b == b_min or (keep_last and pool.left[b] == 0 and times[i] < t_min)
-        for i, (b, _, _) in enumerate(step)
+    frozen = [
+        keep_last and pool.left[b] == 0 and times[i] < t_min for i, (b, _, _) in enumerate(step)
     ]
     for i, (b, sp0, n0) in enumerate(step):
-        if not skip[i]:
+        if b != b_min and not frozen[i]:
             step[i] = _retune_group(pool, b, sp0, n0, t_min, max_sp)
-    return skip
+    return frozen
 
 
 def _retune_group(pool: _Pool, b: int, sp0: int, n0: int, t_min: float, max_sp: int):
@@ -305,24 +325,25 @@ def _retune_group(pool: _Pool, b: int, sp0: int, n0: int, t_min: float, max_sp: 
     return [b, sp, bs]
 
 
-def _pop_overflow(step, skip, pool: _Pool, n_gpus: int):
+def _pop_overflow(step, frozen, pool: _Pool, n_gpus: int):
     """(d): largest sp first; pop the smallest groups (samples back) until they fit."""
     order = sorted(range(len(step)), key=lambda i: -step[i][1])
-    step, skip = [step[i] for i in order], [skip[i] for i in order]
+    step, frozen = [step[i] for i in order], [frozen[i] for i in order]
     while sum(g[1] for g in step) > n_gpus:
         b, _, n = step.pop()
-        skip.pop()
+        frozen.pop()
         pool.left[b] += n
-    return step, skip
+    return step, frozen
 
 
-def _rebalance_bs(step, skip, pool: _Pool) -> None:
-    """(e) "rebalance bs only": grow the faster groups up to the smallest group capacity."""
+def _rebalance_bs(step, frozen, pool: _Pool) -> None:
+    """(e) "rebalance bs only": grow the faster groups up to the smallest group capacity
+    (capacity = time at min(memory bs, bs + samples left)); slower groups stay."""
     prof = pool.prof
     caps = [
         prof[b].per_sp[sp].unit * min(prof[b].per_sp[sp].bs, n + pool.left[b])
-        for (b, sp, n), s in zip(step, skip, strict=True)
-        if not s
+        for (b, sp, n), f in zip(step, frozen, strict=True)
+        if not f
     ]
     if not caps:
         return
@@ -354,9 +375,9 @@ def plan_dcp_intra(
     phases = []
     while pool.any_left():
         step = fill_step(pool, n, rng)
-        skip = _retune(step, pool, max_sp, keep_last)
-        step, skip = _pop_overflow(step, skip, pool, n)
-        _rebalance_bs(step, skip, pool)
+        frozen = _retune(step, pool, max_sp, keep_last)
+        step, frozen = _pop_overflow(step, frozen, pool, n)
+        _rebalance_bs(step, frozen, pool)
         starts = layout([sp for _, sp, _ in step], cost)
         entries = [(sp, [MicroBatch(pool.take(b, k), L)]) for b, sp, k in step]
         phases.append(_groups(entries, starts))
