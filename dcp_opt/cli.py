@@ -311,7 +311,11 @@ COMMANDS = (_add_plan, _add_simulate, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    parser = _Parser(
+        prog=PROG,
+        description="Plan, simulate and benchmark distributed training on variable-length "
+        "sequences (SP degree, micro-batches and recompute chosen per batch).",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in COMMANDS:
         register(sub)
