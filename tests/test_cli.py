@@ -168,6 +168,43 @@ def test_plan_with_a_sequence_that_needs_the_whole_cluster(stubs, tmp_path, caps
     assert s["peak_memory_gb"] <= s["capacity_gb"]
 
 
+REAL_PLANNERS = ("static_tuned", "dcp_inter_pac", "bucket")
+
+
+@pytest.mark.parametrize("planner", REAL_PLANNERS)
+def test_real_planner_on_24_gpus_and_on_a_whole_cluster_sequence(planner, tmp_path, capsys):
+    plan_path, out = tmp_path / "p.json", tmp_path / "s.json"
+    common = ["--planner", planner, "--out", str(plan_path), "--json", str(out)]
+    assert (
+        main(["plan", "--workload", "2d-long", "--seed", "1", "--cluster", "h200x24", *common]) == 0
+    )
+    s = json.loads(out.read_text())
+    assert s["cluster"] == "h200x24" and s["planner"] == planner
+    assert (
+        main(
+            [
+                "simulate",
+                str(plan_path),
+                "--workload",
+                "2d-long",
+                "--seed",
+                "1",
+                "--cluster",
+                "h200x24",
+            ]
+        )
+        == 0
+    )
+    # 600,000 llama-7b tokens on h200x8 fit only at degree 8 (see the stub test above): the
+    # micro-batch holding sequence 0 must run on a group of all 8 ranks.
+    lengths = _lengths(tmp_path, "600000\n2048\n512\n")
+    assert main(["plan", "--lengths", lengths, "--cluster", "h200x8", *common]) == 0
+    plan = Plan.from_json(plan_path.read_text())
+    (degree,) = [g.degree for _, g, _, mb in plan.micro_batches() if 0 in mb.sequence_ids]
+    assert degree == 8
+    assert main(["simulate", str(plan_path), "--lengths", lengths, "--cluster", "h200x8"]) == 0
+
+
 # ---- bad input: one line, exit 2 ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "text, extra, field",
@@ -378,3 +415,20 @@ def test_planner_kwargs_maps_aliases():
         ["num_workers"],
     )
     assert planner_kwargs(b, time_limit_s=0.5, seed=None) == ({"time_limit_s": 0.5}, [])
+
+
+def test_bench_every_built_planner_tiny(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--batches", "1", "--workloads", "1d-short,2d-short", "--cluster", "h200x8"]
+    assert main([*argv, "--json", str(out), "--no-progress"]) == 0
+    doc = json.loads(out.read_text())
+    built = solvers.available_planners()
+    assert doc["config"]["planners"] == built and doc["skipped_planners"] == []
+    assert all(set(r) == SUMMARY_KEYS for r in doc["summary"])
+    assert [(r["workload"], r["planner"]) for r in doc["summary"]] == [
+        (w, p) for w in ("1d-short", "2d-short") for p in built
+    ]
+    bad = [(r["workload"], r["planner"], r["errors"]) for r in doc["summary"] if not r["all_valid"]]
+    assert bad == []
+    for r in doc["summary"]:  # every plan is at least the certified bound
+        assert r["median_gap"] >= -1e-9, r
