@@ -1,0 +1,43 @@
+"""dcp_opt.runtime: execute a Plan with torch.distributed.
+
+Depends on the dcp_opt core and torch, never on dcp_opt.solvers (it receives a Plan).
+
+    pool = GroupPool.create()                   # once, on every rank, after init_process_group
+    model = parallelize(TinyLM(cfg), state)     # swap in SP attention, per-layer checkpointing
+    report = execute_step(plan, task, model, data, pool=pool, state=state, step=i)
+"""
+
+from .executor import (
+    PlanMismatchError,
+    StepReport,
+    check_same_plan,
+    execute_step,
+    sum_gradients,
+)
+from .groups import GroupPool, runtime_cluster
+from .models import DiTConfig, LMConfig, TinyDiT, TinyLM
+from .parallelize import SPState, parallelize
+from .sp import SPGroup, all_to_all, ulysses_attention
+from .tasks import DiffusionTask, LMTask, seeded_generator
+
+__all__ = [
+    "DiTConfig",
+    "DiffusionTask",
+    "GroupPool",
+    "LMConfig",
+    "LMTask",
+    "PlanMismatchError",
+    "SPGroup",
+    "SPState",
+    "StepReport",
+    "TinyDiT",
+    "TinyLM",
+    "all_to_all",
+    "check_same_plan",
+    "execute_step",
+    "parallelize",
+    "runtime_cluster",
+    "seeded_generator",
+    "sum_gradients",
+    "ulysses_attention",
+]

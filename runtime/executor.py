@@ -1,0 +1,198 @@
+"""Run one training step of a Plan on this rank (Runtime contract in docs/architecture.md).
+
+Every rank walks the plan's phases; in each phase it looks up its group in the pool and runs
+the group's micro-batches in order (forward, loss / plan.loss_normalizer, backward). After
+the last phase the gradients are summed once over the whole world, so the result equals
+single-process training on the global batch whatever the plan. There is no barrier between
+phases: members of a group meet in their first all-to-all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dcp_opt.errors import DcpOptError
+from dcp_opt.plan import Plan
+
+from .groups import GroupPool
+from .parallelize import SPState
+from .sp import SPGroup
+
+
+class PlanMismatchError(DcpOptError):
+    """Ranks hold different plans; raised on every rank before any step collective."""
+
+
+@dataclass(frozen=True)
+class MicroBatchTime:
+    phase: int
+    start_rank: int
+    degree: int
+    index: int
+    sequence_ids: tuple[int, ...]
+    recompute_layers: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepReport:
+    loss: float
+    step_time_s: float
+    grad_sync_s: float
+    predicted_step_time_s: float | None
+    micro_batches: tuple[MicroBatchTime, ...]
+
+    def summary(self) -> dict:
+        return {
+            "loss": self.loss,
+            "step_time_s": self.step_time_s,
+            "grad_sync_s": self.grad_sync_s,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "num_micro_batches": len(self.micro_batches),
+        }
+
+
+def _device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def check_same_plan(plan: Plan, *, group=None) -> None:
+    """All-gather plan.content_hash() (16 hex digits) and fail on every rank if they differ.
+
+    Run before any collective of the step: ranks with different plans would otherwise issue
+    mismatched collectives and hang or corrupt gradients."""
+    world = dist.get_world_size(group)
+    if plan.num_ranks != world:
+        raise PlanMismatchError(
+            f"plan.num_ranks: {plan.num_ranks} but the world has {world} ranks; "
+            "allowed: a plan made for exactly this world"
+        )
+    mine = torch.tensor(list(bytes.fromhex(plan.content_hash())), dtype=torch.uint8)
+    mine = mine.to(_device())
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    hashes = [bytes(t.cpu().tolist()).hex() for t in every]
+    if len(set(hashes)) > 1:
+        by = {h: [r for r, x in enumerate(hashes) if x == h] for h in dict.fromkeys(hashes)}
+        detail = "; ".join(f"ranks {rs}: plan {h}" for h, rs in by.items())
+        raise PlanMismatchError(f"plan: ranks hold different plans ({detail})")
+
+
+def sum_gradients(
+    model: nn.Module, *, extra: torch.Tensor | None = None, bucket_bytes: int = 25 * 2**20
+) -> torch.Tensor | None:
+    """Sum every parameter's gradient over the whole world in flat buckets (one all-reduce
+    per bucket). Parameters without a gradient (a rank with no work) send zeros. `extra`, a
+    scalar riding in the first bucket of its dtype, comes back summed too."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    buckets: list[list[nn.Parameter]] = []
+    for p in params:
+        last = buckets[-1] if buckets else None
+        fits = last and last[0].dtype == p.dtype and last[0].device == p.device
+        if fits and sum(q.numel() * q.element_size() for q in last) < bucket_bytes:
+            last.append(p)
+        else:
+            buckets.append([p])
+    out = None
+    for bucket in buckets:
+        parts = [p.grad.reshape(-1) for p in bucket]
+        carry = extra is not None and out is None and extra.dtype == bucket[0].dtype
+        if carry:
+            parts.append(extra.reshape(1).to(bucket[0].device))
+        flat = torch.cat(parts)
+        dist.all_reduce(flat)
+        if carry:
+            out, flat = flat[-1].clone(), flat[:-1]
+        offset = 0
+        for p in bucket:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    if extra is not None and out is None:
+        out = extra.clone().to(_device())
+        dist.all_reduce(out)
+    return out
+
+
+def execute_step(
+    plan: Plan,
+    task,
+    model: nn.Module,
+    data: Mapping[int, object] | Callable[[int], object],
+    *,
+    pool: GroupPool,
+    state: SPState,
+    step: int,
+    check_plan: bool = True,
+) -> StepReport:
+    """Run this rank's part of `plan` and sum gradients over the world.
+
+    `data[sequence_id]` (or `data(sequence_id)`) is read only for this rank's micro-batches.
+    Gradients accumulate into `.grad`: zero them before the step as in any training loop."""
+    if check_plan:
+        check_same_plan(plan)
+    get = data if callable(data) else data.__getitem__
+    rank = pool.rank
+    started = time.perf_counter()
+    loss = torch.zeros((), dtype=torch.float64)
+    times: list[MicroBatchTime] = []
+    for p in range(len(plan.phases)):
+        group = plan.group_of(rank, p)
+        if not group.micro_batches:
+            continue
+        state.sp = (
+            SPGroup.single()
+            if group.degree == 1
+            else SPGroup(
+                pool.get(group.start_rank, group.degree), group.degree, rank - group.start_rank
+            )
+        )
+        for k, mb in enumerate(group.micro_batches):
+            t0 = time.perf_counter()
+            state.recompute_layers = mb.recompute_layers
+            samples = [(sid, get(sid)) for sid in mb.sequence_ids]
+            part = task.run(
+                model,
+                samples,
+                state,
+                step=step,
+                kind=plan.normalizer_kind,
+                scale=1.0 / plan.loss_normalizer,
+            )
+            loss += part.to(loss.dtype)
+            _sync()
+            times.append(
+                MicroBatchTime(
+                    p,
+                    group.start_rank,
+                    group.degree,
+                    k,
+                    mb.sequence_ids,
+                    mb.recompute_layers,
+                    time.perf_counter() - t0,
+                )
+            )
+    t_sync = time.perf_counter()
+    dtype = next(model.parameters()).dtype
+    total = sum_gradients(model, extra=loss.to(dtype))
+    _sync()
+    end = time.perf_counter()
+    state.sp, state.recompute_layers = SPGroup.single(), 0
+    return StepReport(
+        float(total), end - started, end - t_sync, plan.predicted_step_time_s, tuple(times)
+    )
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()

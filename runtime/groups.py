@@ -1,0 +1,82 @@
+"""The process-group pool: every group a plan may use, created once at start-up.
+
+torch.distributed requires every rank to call `new_group` for every group, in the same order,
+even for groups it is not a member of. So all ranks walk the cluster's allowed degrees and
+aligned placements in one fixed order (degree ascending, start ascending) and keep the handles;
+activating a group between phases is then a dictionary lookup, never a collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from dcp_opt.cluster import Cluster
+from dcp_opt.errors import DcpOptError
+
+
+def runtime_cluster(world_size: int, gpus_per_node: int | None = None) -> Cluster:
+    """A Cluster whose ranks match the torch world (only its shape matters to the pool)."""
+    per = gpus_per_node or world_size
+    if world_size % per:
+        raise DcpOptError(
+            f"gpus_per_node: {per} must divide the world size {world_size}; "
+            "allowed: a divisor of the world size"
+        )
+    return Cluster("runtime", world_size // per, per, 1.0, 1.0, 1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class GroupPool:
+    """Process groups keyed by (start rank, degree); `rank` is this process's global rank."""
+
+    groups: dict
+    rank: int
+    world_size: int
+    degrees: tuple[int, ...]
+
+    @classmethod
+    def create(
+        cls,
+        cluster: Cluster | None = None,
+        *,
+        backend: str | None = None,
+        timeout_s: float | None = None,
+    ) -> GroupPool:
+        """Collective: every rank must call this with the same cluster, in the same order
+        relative to its other new_group calls. `timeout_s` bounds every collective of every
+        group, so a rank that dies makes the others fail instead of hanging."""
+        if not dist.is_initialized():
+            raise DcpOptError("GroupPool.create: call torch.distributed.init_process_group first")
+        world = dist.get_world_size()
+        cluster = cluster or runtime_cluster(world)
+        if cluster.num_gpus != world:
+            raise DcpOptError(
+                f"cluster: has {cluster.num_gpus} ranks but the torch world has {world}; "
+                "allowed: a cluster of exactly world_size ranks"
+            )
+        kw = {}
+        if backend is not None:
+            kw["backend"] = backend
+        if timeout_s is not None:
+            kw["timeout"] = timedelta(seconds=timeout_s)
+        groups = {}
+        for degree in cluster.allowed_degrees:
+            for start in cluster.placements(degree):
+                ranks = list(range(start, start + degree))
+                groups[(start, degree)] = dist.new_group(ranks, **kw)
+        return cls(groups, dist.get_rank(), world, tuple(cluster.allowed_degrees))
+
+    def get(self, start: int, degree: int):
+        try:
+            return self.groups[(start, degree)]
+        except KeyError:
+            raise DcpOptError(
+                f"group: no process group at start {start} with degree {degree}; allowed "
+                f"degrees {list(self.degrees)} at starts that are multiples of the degree"
+            ) from None
+
+    def member_of(self, start: int, degree: int) -> bool:
+        return start <= self.rank < start + degree

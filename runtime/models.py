@@ -1,0 +1,197 @@
+"""Two small models with no parallel code: a 1D decoder LM and a 2D spatial-temporal DiT.
+
+Attention goes through `attention_fn` attributes (see runtime/attention.py) and the 2D
+model's layout changes through `switch_fn` attributes; both default to single-device
+behaviour. `runtime/parallelize.py` swaps them for sequence-parallel versions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import dense_attention, segment_attention
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    vocab_size: int = 64
+    hidden: int = 16
+    num_heads: int = 4
+    num_layers: int = 3
+    ffn_hidden: int = 32
+    rope_base: float = 10000.0
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    in_channels: int = 4
+    hidden: int = 16
+    num_heads: int = 4
+    num_layers: int = 2
+    ffn_hidden: int = 32
+    text_dim: int = 8
+    cross_attention: bool = True
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary embedding (Su et al. 2021, RoFormer, eq. 34) on x: [T, H, Dh] at `positions`."""
+    half = x.shape[-1] // 2
+    inv = base ** (-torch.arange(half, dtype=x.dtype, device=x.device) / half)
+    ang = positions.to(x.dtype)[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def sinusoid(values: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sinusoidal embedding (Vaswani et al. 2017, sec. 3.5) of integer or real values."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=dtype) / half)
+    ang = values.to(dtype)[..., None] * freqs
+    return torch.cat([ang.sin(), ang.cos()], dim=-1)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, hidden: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.out = nn.Linear(hidden, hidden, bias=False)
+        self.attention_fn = segment_attention
+
+    def split(self, x: torch.Tensor):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        shape = (*x.shape[:-1], self.num_heads, -1)
+        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
+
+
+class MLP(nn.Sequential):
+    def __init__(self, hidden: int, ffn: int):
+        super().__init__(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+
+
+class LMBlock(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.norm1 = nn.RMSNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg.hidden, cfg.num_heads)
+        self.norm2 = nn.RMSNorm(cfg.hidden)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
+
+    def forward(self, h, positions, segments):
+        q, k, v = self.attn.split(self.norm1(h))
+        q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
+        a = self.attn.attention_fn(q, k, v, segments=segments, causal=True)
+        h = h + self.attn.out(a.reshape(h.shape))
+        return h + self.mlp(self.norm2(h))
+
+
+class TinyLM(nn.Module):
+    """Decoder LM on a packed token stream: tokens, positions (inside each sequence) and
+    segment ids (which sequence) are [T]; returns logits [T, vocab]."""
+
+    def __init__(self, cfg: LMConfig = LMConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.layers = nn.ModuleList(LMBlock(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.RMSNorm(cfg.hidden)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+
+    def forward(self, tokens, positions, segments):
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h, positions, segments)
+        return self.head(self.norm(h))
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm self-attention over dim 1 (rows = dim 0), optional cross-attention to the
+    caption, MLP. Spatial blocks see [frames, spatial, C]; temporal ones [spatial, frames, C]."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden)
+        self.attn = SelfAttention(cfg.hidden, cfg.num_heads)
+        self.attn.attention_fn = dense_attention
+        self.cross = None
+        if cfg.cross_attention:
+            self.norm_x = nn.LayerNorm(cfg.hidden)
+            self.cross = nn.ModuleDict(
+                {
+                    "q": nn.Linear(cfg.hidden, cfg.hidden, bias=False),
+                    "kv": nn.Linear(cfg.hidden, 2 * cfg.hidden, bias=False),
+                    "out": nn.Linear(cfg.hidden, cfg.hidden, bias=False),
+                }
+            )
+        self.norm2 = nn.LayerNorm(cfg.hidden)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
+        self.num_heads = cfg.num_heads
+
+    def forward(self, h, text):
+        q, k, v = self.attn.split(self.norm1(h))
+        h = h + self.attn.out(self.attn.attention_fn(q, k, v).reshape(h.shape))
+        if self.cross is not None:
+            # Video tokens attend to the caption: every rank holds the whole caption, so
+            # cross-attention needs no communication under either layout.
+            rows = h.reshape(1, -1, h.shape[-1])
+            cq = self.cross["q"](self.norm_x(rows)).reshape(1, rows.shape[1], self.num_heads, -1)
+            ck, cv = self.cross["kv"](text[None]).chunk(2, dim=-1)
+            ck = ck.reshape(1, text.shape[0], self.num_heads, -1)
+            cv = cv.reshape(1, text.shape[0], self.num_heads, -1)
+            h = h + self.cross["out"](dense_attention(cq, ck, cv).reshape(h.shape))
+        return h + self.mlp(self.norm2(h))
+
+
+def _identity(x, *args, **kwargs):
+    return x
+
+
+class DiTLayer(nn.Module):
+    """One spatial block then one temporal block (Open-Sora STDiT3 layout)."""
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.spatial = DiTBlock(cfg)
+        self.temporal = DiTBlock(cfg)
+        self.to_temporal = _identity  # [F, S, C] layout -> layout for temporal attention
+        self.to_spatial = _identity  # and back
+
+    def forward(self, h, text):
+        h = self.spatial(h, text)
+        t = self.to_temporal(h)
+        t = self.temporal(t.transpose(0, 1), text).transpose(0, 1)
+        return self.to_spatial(t)
+
+
+class TinyDiT(nn.Module):
+    """Video diffusion transformer: predicts the noise of one latent video x: [F, S, C_in]
+    (S = spatial patches of a frame) at timestep t (scalar) given a caption [Tt, text_dim].
+    `frame_ids` / `spatial_ids` are the absolute indices of the frames / patches held."""
+
+    def __init__(self, cfg: DiTConfig = DiTConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.inp = nn.Linear(cfg.in_channels, cfg.hidden)
+        self.time = nn.Linear(cfg.hidden, cfg.hidden)
+        self.text = nn.Linear(cfg.text_dim, cfg.hidden)
+        self.layers = nn.ModuleList(DiTLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.in_channels)
+
+    def forward(self, x, t, text, frame_ids=None, spatial_ids=None):
+        num_f, num_s, _ = x.shape
+        dt, c = x.dtype, self.cfg.hidden
+        frame_ids = torch.arange(num_f) if frame_ids is None else frame_ids
+        spatial_ids = torch.arange(num_s) if spatial_ids is None else spatial_ids
+        pos = sinusoid(frame_ids, c, dt)[:, None, :] + sinusoid(spatial_ids, c, dt)[None, :, :]
+        h = self.inp(x) + pos + self.time(sinusoid(t * 1000.0, c, dt))
+        txt = self.text(text)
+        for layer in self.layers:
+            h = layer(h, txt)
+        return self.out(self.norm(h))

@@ -1,0 +1,89 @@
+"""Apply sequence parallelism and per-layer activation checkpointing to an unmodified model.
+
+The model keeps its parameter names (no wrapper modules): attention functions and the 2D
+layout switches are swapped on the existing modules, and each layer's `forward` is replaced
+by one that consults `SPState.recompute_layers` (the first r layers recompute in backward,
+Chen et al. 2016; pyramid order as in the cost model). The executor updates the SPState per
+micro-batch, so one parallelized model serves every group and every recompute choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .attention import dense_attention, segment_attention
+from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
+from .sp import SPGroup, frames_to_tokens, tokens_to_frames, ulysses_attention
+
+
+@dataclass
+class SPState:
+    """What the swapped-in functions read at call time (mutable on purpose: it is the
+    "active group" switch, owned by the executor, never part of a plan).
+
+    1D: `segments` holds the segment id of every token of the whole padded packed stream.
+    2D: `frame_mask` marks real frames of the whole padded video; `num_spatial` its S."""
+
+    sp: SPGroup = field(default_factory=SPGroup.single)
+    recompute_layers: int = 0
+    segments: torch.Tensor | None = None
+    frame_mask: torch.Tensor | None = None
+    num_spatial: int = 0
+
+
+def parallelize(model: nn.Module, state: SPState) -> nn.Module:
+    """Make `model` (TinyLM or TinyDiT) run under `state` in place, and return it."""
+    if isinstance(model, TinyLM):
+        _parallelize_lm(model, state)
+    elif isinstance(model, TinyDiT):
+        _parallelize_dit(model, state)
+    else:
+        raise ValueError(f"model: {type(model).__name__} not supported; allowed: TinyLM, TinyDiT")
+    for i, layer in enumerate(model.layers):
+        _checkpoint_layer(layer, i, state)
+    return model
+
+
+def _parallelize_lm(model: TinyLM, state: SPState) -> None:
+    def attention(q, k, v, *, segments, causal):
+        # The model passes its local shard's segments; Ulysses attends over the whole stream.
+        whole = segments if state.sp.degree == 1 else state.segments
+        return ulysses_attention(
+            q, k, v, state.sp, segment_attention, segments=whole, causal=causal
+        )
+
+    for block in model.layers:
+        assert isinstance(block, LMBlock)
+        block.attn.attention_fn = attention
+
+
+def _parallelize_dit(model: TinyDiT, state: SPState) -> None:
+    def temporal_attention(q, k, v):
+        return dense_attention(q, k, v, key_mask=state.frame_mask)
+
+    def to_temporal(x):
+        return frames_to_tokens(x, state.sp)
+
+    def to_spatial(x):
+        return tokens_to_frames(x, state.sp, state.num_spatial)
+
+    for layer in model.layers:
+        assert isinstance(layer, DiTLayer)
+        layer.temporal.attn.attention_fn = temporal_attention
+        layer.to_temporal = to_temporal
+        layer.to_spatial = to_spatial
+
+
+def _checkpoint_layer(layer: nn.Module, index: int, state: SPState) -> None:
+    inner = layer.forward
+
+    def forward(*args, **kwargs):
+        if index < state.recompute_layers and torch.is_grad_enabled():
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return inner(*args, **kwargs)
+
+    layer.forward = forward

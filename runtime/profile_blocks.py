@@ -1,0 +1,217 @@
+"""What the profiler measures: one block of a model behind a small protocol, and adapters for
+the runtime's example models (runtime/models.py).
+
+A `BlockUnderTest` builds synthetic inputs for a micro-batch of shapes and runs its block
+forward on them. Inputs are a list of calls: a 1D block packs every sequence into one call
+(as the runtime packs a micro-batch); a 2D block runs one call per video (TinyDiT takes one
+video at a time). The first tensor of every call is the block input and requires grad, so
+the backward computes the input gradient as it would inside a deep stack.
+
+A `HeadUnderTest` is what runs once per micro-batch outside the layers (embedding, final norm,
+output projection, loss); its time per token becomes `head_*_per_token_s` and its constant
+`microbatch_overhead_s`.
+
+To profile your own block, implement the two methods (duck typing is enough) and wrap them
+in a `ProfileTarget` with the ModelSpec of the full model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from dcp_opt.model import ModelSpec
+
+Shapes = Sequence[Sequence[int]]
+
+
+class BlockUnderTest(Protocol):
+    block_type: str  # "layer" (1D), "spatial" or "temporal" (2D)
+    module: nn.Module
+
+    def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]: ...
+
+    def forward(self, inputs: list[tuple]) -> list[torch.Tensor]: ...
+
+
+class HeadUnderTest(Protocol):
+    module: nn.Module
+
+    def make_inputs(self, num_tokens: int, *, dtype, device) -> tuple: ...
+
+    def loss(self, inputs: tuple) -> torch.Tensor: ...
+
+
+@dataclass
+class ProfileTarget:
+    """A model to profile: its spec (full depth), one block per block type, and its head.
+
+    `signature` names what is measured, for the cache of measured points: change it when the
+    code of a block changes."""
+
+    model: ModelSpec
+    blocks: dict[str, BlockUnderTest]
+    head: HeadUnderTest | None = None
+    signature: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = set(self.model.block_types) - set(self.blocks)
+        if missing:
+            raise ValueError(
+                f"blocks: missing block types {sorted(missing)} of model {self.model.name!r}"
+            )
+
+
+def per_segment_attention(q, k, v, *, segments, causal: bool = True):
+    """Block-diagonal attention computed one segment at a time: the same result as
+    runtime.attention.segment_attention (a [T, T] mask over the packed stream) but with
+    cost sum s^2 instead of (sum s)^2, which is what the cost model assumes of a packed
+    micro-batch (as FlashAttention's varlen kernels do; Dao 2023, sec. 3.1).
+    q, k, v: [T, H, Dh]; segments: [T], contiguous ids."""
+    counts = torch.unique_consecutive(segments, return_counts=True)[1].tolist()
+    sdpa = nn.functional.scaled_dot_product_attention
+    outs = [
+        sdpa(a.transpose(0, 1), b.transpose(0, 1), c.transpose(0, 1), is_causal=causal)
+        for a, b, c in zip(q.split(counts), k.split(counts), v.split(counts), strict=True)
+    ]
+    return torch.cat([o.transpose(0, 1) for o in outs])
+
+
+def _leaf(shape, *, dtype, device, gen) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, dtype=dtype).to(device).requires_grad_(True)
+
+
+# ---- adapters for runtime/models.py -------------------------------------------------------
+class LMBlockAdapter:
+    """runtime.models.LMBlock: h [T, C] packed, positions and segment ids [T]."""
+
+    block_type = "layer"
+
+    def __init__(self, module: nn.Module, hidden: int, seed: int = 0):
+        self.module, self.hidden, self.seed = module, hidden, seed
+
+    def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
+        gen = torch.Generator().manual_seed(self.seed)
+        lengths = [int(s[0]) for s in shapes]
+        pos = torch.cat([torch.arange(n) for n in lengths]).to(device)
+        seg = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).to(device)
+        h = _leaf((sum(lengths), self.hidden), dtype=dtype, device=device, gen=gen)
+        return [(h, pos, seg)]
+
+    def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
+        return [self.module(*args) for args in inputs]
+
+
+class DiTBlockAdapter:
+    """runtime.models.DiTBlock as a spatial block (rows = frames, attends over S) or a
+    temporal block (rows = spatial positions, attends over F); one call per video."""
+
+    def __init__(self, module, block_type: str, hidden: int, text: torch.Tensor, seed: int = 0):
+        if block_type not in ("spatial", "temporal"):
+            raise ValueError(f"block_type: {block_type!r} not allowed; allowed: spatial, temporal")
+        self.module, self.block_type, self.hidden = module, block_type, hidden
+        self.text, self.seed = text, seed
+
+    def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
+        gen = torch.Generator().manual_seed(self.seed)
+        out = []
+        for f, hh, ww in shapes:
+            rows, cols = (f, hh * ww) if self.block_type == "spatial" else (hh * ww, f)
+            x = _leaf((rows, cols, self.hidden), dtype=dtype, device=device, gen=gen)
+            out.append((x, self.text.to(device=device, dtype=dtype)))
+        return out
+
+    def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
+        return [self.module(*args) for args in inputs]
+
+
+class LMHeadAdapter:
+    """Embedding, final norm, output projection and token cross-entropy of runtime's TinyLM."""
+
+    def __init__(self, lm: nn.Module, seed: int = 0):
+        self.lm, self.seed = lm, seed
+        self.module = nn.ModuleList([lm.embed, lm.norm, lm.head])
+
+    def make_inputs(self, num_tokens: int, *, dtype, device) -> tuple:
+        gen = torch.Generator().manual_seed(self.seed)
+        v = self.lm.cfg.vocab_size
+        tok = torch.randint(0, v, (num_tokens,), generator=gen).to(device)
+        return (tok, torch.roll(tok, -1))
+
+    def loss(self, inputs: tuple) -> torch.Tensor:
+        tok, tgt = inputs
+        # The layers sit between embed and norm; an identity keeps the cost of both ends.
+        logits = self.lm.head(self.lm.norm(self.lm.embed(tok)))
+        return nn.functional.cross_entropy(logits.float(), tgt)
+
+
+def lm_target(
+    cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32, attention: str = "runtime"
+) -> ProfileTarget:
+    """Profile target for runtime.models.TinyLM with config `cfg` (an LMConfig).
+
+    `attention="runtime"` measures the block as runtime.models builds it; "per_segment"
+    swaps in `per_segment_attention` (what a run with that kernel executes)."""
+    from .models import TinyLM
+
+    if attention not in ("runtime", "per_segment"):
+        raise ValueError(f"attention: {attention!r} not allowed; allowed: runtime, per_segment")
+    torch.manual_seed(seed)
+    lm = TinyLM(cfg).to(dtype)
+    if attention == "per_segment":
+        for block in lm.layers:
+            block.attn.attention_fn = per_segment_attention
+    spec = lm_spec(cfg, name=name, dtype_bytes=torch.finfo(dtype).bits // 8)
+    return ProfileTarget(
+        spec,
+        {"layer": LMBlockAdapter(lm.layers[0], cfg.hidden, seed)},
+        LMHeadAdapter(lm, seed),
+        signature=f"runtime.models.TinyLM/{cfg}/{dtype}/{attention}",
+    )
+
+
+def lm_spec(cfg, *, name: str = "tiny-lm", dtype_bytes: int = 4) -> ModelSpec:
+    return ModelSpec(
+        name,
+        "1d",
+        cfg.num_layers,
+        cfg.hidden,
+        cfg.num_heads,
+        cfg.ffn_hidden,
+        vocab_size=cfg.vocab_size,
+        dtype_bytes=dtype_bytes,
+    )
+
+
+def dit_target(
+    cfg, *, name: str = "tiny-dit", text_tokens: int = 8, seed: int = 0, dtype=torch.float32
+) -> ProfileTarget:
+    """Profile target for runtime.models.TinyDiT with config `cfg` (a DiTConfig)."""
+    from .models import TinyDiT
+
+    torch.manual_seed(seed)
+    dit = TinyDiT(cfg).to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    text = torch.randn(text_tokens, cfg.hidden, generator=gen, dtype=dtype)
+    layer = dit.layers[0]
+    spec = ModelSpec(
+        name,
+        "2d",
+        cfg.num_layers,
+        cfg.hidden,
+        cfg.num_heads,
+        cfg.ffn_hidden,
+        text_tokens=text_tokens if cfg.cross_attention else 0,
+        causal=False,
+        dtype_bytes=torch.finfo(dtype).bits // 8,
+    )
+    blocks = {
+        "spatial": DiTBlockAdapter(layer.spatial, "spatial", cfg.hidden, text, seed),
+        "temporal": DiTBlockAdapter(layer.temporal, "temporal", cfg.hidden, text, seed),
+    }
+    return ProfileTarget(spec, blocks, None, signature=f"runtime.models.TinyDiT/{cfg}/{dtype}")

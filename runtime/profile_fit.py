@@ -1,0 +1,131 @@
+"""Turn measured points into cost coefficients (dcp_opt.fit), and measure all-to-all.
+
+Per block type: forward and backward time fits (quad, lin, seq, const) on the points with
+recompute off; activation bytes per token from the saved-tensor bytes with recompute off,
+checkpoint bytes per token from those with recompute on. A 2D layer holds both blocks'
+activations (their sum), but a checkpointed layer keeps only its input, which is the first
+block's input. The head's per-token time and constant give `head_*_per_token_s` and
+`microbatch_overhead_s`. The all-to-all volume per token per layer is analytic (cost.py,
+DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from dcp_opt.cluster import Cluster
+from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
+from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
+from dcp_opt.profile_io import A2AMeasurement
+
+from .profile_blocks import ProfileTarget
+
+# flops_coefficients() needs a cluster only for rates; the profile keeps just its analytic
+# all-to-all volume (bytes per token per layer), which does not depend on the cluster.
+_ANY_CLUSTER = Cluster("any", 1, 1, 1e12, 1e12, 1e9, 1e9)
+
+
+def fit_points(target: ProfileTarget, points: list, config) -> tuple:
+    """(CostCoefficients, fit report dict) from measured points."""
+    model = target.model
+    kw = dict(holdout_fraction=config.holdout_fraction, seed=config.seed)
+    blocks, report = {}, {}
+    act = ckpt = 0.0
+    for i, name in enumerate(model.block_types):
+        plain = [p for p in points if p.block == name and not p.recompute]
+        rec = [p for p in points if p.block == name and p.recompute]
+        shapes = [p.shapes for p in plain]
+        f = fit_block_time(name, shapes, [p.fwd_s for p in plain], label=f"{name}.fwd", **kw)
+        b = fit_block_time(name, shapes, [p.bwd_s for p in plain], label=f"{name}.bwd", **kw)
+        blocks[name] = (f.as_terms(), b.as_terms())
+        toks = [p.tokens for p in plain]
+        m_act = fit_per_token(
+            toks, [p.saved_bytes for p in plain], label=f"{name}.act_bytes", with_const=False, **kw
+        )
+        m_ck = fit_per_token(
+            [p.tokens for p in rec],
+            [p.saved_bytes for p in rec],
+            label=f"{name}.ckpt_bytes",
+            with_const=False,
+            **kw,
+        )
+        act += m_act.coef[0]  # a 2D layer holds both blocks' activations
+        if i == 0:  # a checkpointed layer keeps only its input: the first block's input
+            ckpt = m_ck.coef[0]
+        report[name] = {
+            "fwd": f.report.to_dict(),
+            "bwd": b.report.to_dict(),
+            "act_bytes": m_act.report.to_dict(),
+            "ckpt_bytes": m_ck.report.to_dict(),
+            "recompute_extra_forward_ratio": _recompute_ratio(plain, rec),
+            "num_points": len(plain) + len(rec),
+        }
+    head = _fit_head(points, report, kw)
+    base = flops_coefficients(model, _ANY_CLUSTER)
+    coeffs = CostCoefficients(
+        blocks={k: BlockCoeffs(f, b) for k, (f, b) in blocks.items()},
+        head_fwd_per_token_s=head["fwd"][0],
+        head_bwd_per_token_s=head["bwd"][0],
+        microbatch_overhead_s=head["fwd"][1] + head["bwd"][1],
+        a2a_bytes_per_token_layer=base.a2a_bytes_per_token_layer,
+        a2a_calls_per_layer=base.a2a_calls_per_layer,
+        act_bytes_per_token_layer=act,
+        ckpt_bytes_per_token_layer=ckpt,
+        head_bytes_per_token=head["bytes"],
+        reserved_bytes=0.0 if config.reserved_bytes is None else config.reserved_bytes,
+        source="profile",
+    )
+    return coeffs, report
+
+
+def _recompute_ratio(plain: list, rec: list) -> float | None:
+    """Median of (bwd with recompute - bwd without) / fwd; the cost model assumes 1."""
+    by = {p.shapes: p for p in plain}
+    r = [(q.bwd_s - by[q.shapes].bwd_s) / by[q.shapes].fwd_s for q in rec if q.shapes in by]
+    return statistics.median(r) if r else None
+
+
+def _fit_head(points: list, report: dict, kw: dict) -> dict:
+    hp = [p for p in points if p.block == "head"]
+    if len(hp) < 3:
+        return {"fwd": (0.0, 0.0), "bwd": (0.0, 0.0), "bytes": 0.0}
+    toks = [p.tokens for p in hp]
+    f = fit_per_token(toks, [p.fwd_s for p in hp], label="head.fwd", with_const=True, **kw)
+    b = fit_per_token(toks, [p.bwd_s for p in hp], label="head.bwd", with_const=True, **kw)
+    m = fit_per_token(
+        toks, [max(p.saved_bytes, 1.0) for p in hp], label="head.bytes", with_const=False, **kw
+    )
+    report["head"] = {"fwd": f.report.to_dict(), "bwd": b.report.to_dict()}
+    return {"fwd": f.coef, "bwd": b.coef, "bytes": m.coef[0]}
+
+
+def measure_all_to_all(
+    group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22), repeats: int = 5
+):
+    """A2AMeasurement of `group` (default: the world): time = latency + bytes_sent/bw.
+
+    Every rank of the group must call it. Bytes sent per rank = (d-1)/d of its buffer."""
+    import torch.distributed as dist
+
+    d = dist.get_world_size(group)
+    xs, ys = [], []
+    for nbytes in sizes_bytes:
+        n = max(d, nbytes // 4 // d * d)
+        send, recv = torch.ones(n), torch.empty(n)
+        times = []
+        for i in range(repeats + 1):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(recv, send, group=group)
+            if i:
+                times.append(time.perf_counter() - t0)
+        t = torch.tensor(statistics.median(times))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # the group waits for the slowest
+        xs.append([1.0, n * 4 * (d - 1) / d])
+        ys.append(float(t))
+    fit = fit_nonneg(xs, ys, ("latency", "inv_bw"), label=f"a2a[{d}]", holdout_fraction=0.0)
+    inv_bw = max(fit.coef[1], 1e-15)
+    return A2AMeasurement(d, 1.0 / inv_bw, fit.coef[0])

@@ -1,0 +1,433 @@
+"""Measure a model's blocks on this device and fit the cost model's coefficients.
+
+For every block type, over a grid of micro-batch shapes, with recompute off and on:
+
+- time: forward and backward separately; `warmup` untimed runs, then the median of
+  `repeats`. CPU: `time.perf_counter`; CUDA: `torch.cuda.Event` pairs (device time, no host
+  overhead), synchronised once per repeat.
+- memory, in one extra untimed run: the bytes of every tensor autograd saves for backward,
+  counted by `torch.autograd.graph.saved_tensors_hooks` (each storage once, parameters
+  excluded). That is exactly the activation memory the cost model's `act_bytes_per_token`
+  means, on any device. It does not see transient buffers freed inside an op; on CUDA the
+  allocator's `max_memory_allocated` (peak over forward + backward, minus the baseline) is
+  recorded beside it. With recompute on, the checkpoint keeps only the block input, so the
+  saved bytes plus the input's bytes are `ckpt_bytes_per_token`.
+
+Fitting (dcp_opt.fit) gives per-layer coefficients; the CostModel multiplies them by the
+full model's depth (the extrapolation: one layer measured, L layers predicted, as the
+published profiler extrapolates two layers linearly). Measured points are cached in a JSON
+file keyed by what was measured, so a re-run only measures new points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from dcp_opt.profile_io import Profile, utc_now
+
+from .profile_blocks import BlockUnderTest, HeadUnderTest, ProfileTarget
+from .profile_fit import fit_points, measure_all_to_all  # noqa: F401  (public API)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Micro-batch shapes to measure. 1D: `pack` sequences of each length (total tokens
+    <= max_tokens), packing is what separates the per-sequence term from the constant.
+    2D: `frames` x `spatial` (height, width) videos, one or `pack_2d` per micro-batch."""
+
+    lengths: tuple[int, ...] = (64, 128, 256, 384, 512, 768, 1024)
+    pack: tuple[int, ...] = (1, 2, 4)
+    max_tokens: int = 1024
+    frames: tuple[int, ...] = (1, 2, 4, 8, 16)
+    spatial: tuple[tuple[int, int], ...] = ((4, 4), (6, 6), (8, 8), (12, 12))
+    pack_2d: tuple[int, ...] = (1, 2)
+    max_tokens_2d: int = 2304
+
+    def points(self, kind: str) -> list[tuple[tuple[int, ...], ...]]:
+        out = []
+        if kind == "1d":
+            for n in self.lengths:
+                out += [((n,),) * k for k in self.pack if n * k <= self.max_tokens]
+        else:
+            for f in self.frames:
+                for h, w in self.spatial:
+                    out += [
+                        ((f, h, w),) * k
+                        for k in self.pack_2d
+                        if f * h * w * k <= self.max_tokens_2d
+                    ]
+        return out
+
+    def head_tokens(self) -> list[int]:
+        return sorted({n * k for n in self.lengths for k in self.pack if n * k <= self.max_tokens})
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    grid: Grid = field(default_factory=Grid)
+    warmup: int = 1
+    repeats: int = 3
+    passes: int = 2  # sweeps over the grid; a slow spell of a shared machine hits every point
+    num_threads: int | None = 1  # pin intra-op threads: CPU timing noise drops a lot
+    holdout_fraction: float = 0.25
+    seed: int = 0
+    reserved_bytes: float | None = None  # None: 0 on CPU, 2 GB on CUDA (not measured here)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured micro-batch of one block (or of the head: block == "head").
+
+    Times are the median of every timed sample (all passes together)."""
+
+    block: str
+    shapes: tuple[tuple[int, ...], ...]
+    recompute: bool
+    fwd_samples: tuple[float, ...]
+    bwd_samples: tuple[float, ...]
+    saved_bytes: float  # saved-for-backward bytes (+ the kept input when recompute)
+    peak_bytes: float | None = None  # CUDA allocator peak over fwd+bwd minus baseline
+
+    @property
+    def fwd_s(self) -> float:
+        return statistics.median(self.fwd_samples)
+
+    @property
+    def bwd_s(self) -> float:
+        return statistics.median(self.bwd_samples)
+
+    @property
+    def tokens(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+    def merged(self, other: Point) -> Point:
+        return replace(
+            self,
+            fwd_samples=self.fwd_samples + other.fwd_samples,
+            bwd_samples=self.bwd_samples + other.bwd_samples,
+        )
+
+
+# ---- clocks and memory -----------------------------------------------------------------------
+class CpuClock:
+    """`mode="thread"` (default): CPU time of the calling thread (`time.thread_time`). With
+    one intra-op thread, forward and backward of a CPU tensor run on the calling thread, so
+    this is the compute time, immune to other processes sharing the cores; on an idle
+    machine it equals wall time. `mode="wall"`: `time.perf_counter`."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, mode: str = "thread"):
+        if mode not in ("thread", "wall"):
+            raise ValueError(f"clock mode: {mode!r} not allowed; allowed: thread, wall")
+        self.mode = mode
+        self._now = time.thread_time if mode == "thread" else time.perf_counter
+
+    def mark(self):
+        return self._now()
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+    def memory_run(self):
+        return contextlib.nullcontext(None)
+
+
+class CudaClock:
+    """torch.cuda.Event timing and allocator statistics (unit-tested on CPU with fakes)."""
+
+    def __init__(self, device: torch.device | str = "cuda"):
+        self.device = torch.device(device)
+
+    def mark(self):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def seconds(self, a, b) -> float:
+        b.synchronize()
+        return a.elapsed_time(b) / 1e3  # elapsed_time is in milliseconds
+
+    @contextlib.contextmanager
+    def memory_run(self):
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        box = {"peak": None}
+        yield box
+        torch.cuda.synchronize(self.device)
+        box["peak"] = float(torch.cuda.max_memory_allocated(self.device) - base)
+
+
+def default_clock():
+    return CudaClock() if torch.cuda.is_available() else CpuClock()
+
+
+class SavedBytes:
+    """Bytes of the tensors autograd saves for backward (each storage once, no parameters)."""
+
+    def __init__(self, exclude: Sequence[torch.Tensor] = ()):
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.seen: set[int] = set()
+        self.total = 0
+
+    def _pack(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in self.exclude and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.total += st.nbytes()
+        return t
+
+    def __enter__(self):
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._ctx.__exit__(*exc)
+
+
+# ---- one point -------------------------------------------------------------------------------
+def _block_forward(block: BlockUnderTest, inputs: list[tuple], recompute: bool):
+    if not recompute:
+        return block.forward(inputs)
+    return [
+        checkpoint(lambda *a: block.forward([a])[0], *args, use_reentrant=False) for args in inputs
+    ]
+
+
+def _input_bytes(inputs: list[tuple]) -> int:
+    return sum(args[0].untyped_storage().nbytes() for args in inputs)
+
+
+def measure_block(
+    block: BlockUnderTest,
+    shapes,
+    *,
+    recompute: bool,
+    clock,
+    warmup: int,
+    repeats: int,
+    dtype,
+) -> Point:
+    params = list(block.module.parameters())
+    dev = clock.device
+    fwd, bwd = [], []
+    for i in range(warmup + repeats):
+        inputs = block.make_inputs(shapes, dtype=dtype, device=dev)
+        a = clock.mark()
+        outs = _block_forward(block, inputs, recompute)
+        b = clock.mark()
+        grads = [torch.ones_like(o) for o in outs]
+        c = clock.mark()
+        torch.autograd.backward(outs, grads)
+        d = clock.mark()
+        if i >= warmup:
+            fwd.append(clock.seconds(a, b))
+            bwd.append(clock.seconds(c, d))
+        block.module.zero_grad(set_to_none=True)
+    inputs = block.make_inputs(shapes, dtype=dtype, device=dev)
+    with clock.memory_run() as box, SavedBytes(params) as saved:
+        outs = _block_forward(block, inputs, recompute)
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+    block.module.zero_grad(set_to_none=True)
+    kept = _input_bytes(inputs) if recompute else 0
+    return Point(
+        block.block_type,
+        tuple(tuple(int(v) for v in s) for s in shapes),
+        recompute,
+        tuple(fwd),
+        tuple(bwd),
+        float(saved.total + kept),
+        None if box is None else box["peak"],
+    )
+
+
+def measure_head(head: HeadUnderTest, num_tokens: int, *, clock, warmup, repeats, dtype) -> Point:
+    params = list(head.module.parameters())
+    fwd, bwd = [], []
+    for i in range(warmup + repeats + 1):
+        inputs = head.make_inputs(num_tokens, dtype=dtype, device=clock.device)
+        meter = SavedBytes(params) if i == warmup + repeats else contextlib.nullcontext()
+        with meter:
+            a = clock.mark()
+            loss = head.loss(inputs)
+            b = clock.mark()
+            loss.backward()
+            c = clock.mark()
+        if warmup <= i < warmup + repeats:
+            fwd.append(clock.seconds(a, b))
+            bwd.append(clock.seconds(b, c))
+        head.module.zero_grad(set_to_none=True)
+    return Point(
+        "head",
+        ((num_tokens,),),
+        False,
+        tuple(fwd),
+        tuple(bwd),
+        float(meter.total),
+    )
+
+
+# ---- cache -----------------------------------------------------------------------------------
+class PointCache:
+    """Measured points in a JSON file, keyed by target signature, device and point."""
+
+    def __init__(self, path: str | Path | None, context: str):
+        self.path = None if path is None else Path(path)
+        self.context = context
+        self.data: dict[str, dict] = {}
+        if self.path is not None and self.path.exists():
+            with contextlib.suppress(ValueError, OSError):
+                self.data = json.loads(self.path.read_text())
+
+    def key(self, block: str, shapes, recompute: bool) -> str:
+        return f"{self.context}|{block}|{recompute}|{json.dumps(shapes)}"
+
+    def get(self, key: str) -> Point | None:
+        d = self.data.get(key)
+        if d is None:
+            return None
+        shapes = tuple(tuple(s) for s in d["shapes"])
+        return Point(
+            **{
+                **d,
+                "shapes": shapes,
+                "fwd_samples": tuple(d["fwd_samples"]),
+                "bwd_samples": tuple(d["bwd_samples"]),
+            }
+        )
+
+    def put(self, key: str, p: Point) -> None:
+        self.data[key] = asdict(p)
+
+    def flush(self) -> None:
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.data, indent=0, sort_keys=True))
+
+
+# ---- the whole profile -----------------------------------------------------------------------
+def device_info(clock, dtype, num_threads: int | None) -> dict:
+    dev = clock.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor()
+    return {
+        "type": dev.type,
+        "name": name or platform.machine(),
+        "torch": torch.__version__,
+        "dtype": str(dtype).replace("torch.", ""),
+        "num_threads": torch.get_num_threads() if num_threads is None else num_threads,
+        "host": platform.node(),
+    }
+
+
+def measure_all(
+    target: ProfileTarget,
+    config: ProfileConfig,
+    *,
+    clock=None,
+    dtype=torch.float32,
+    cache_path: str | Path | None = None,
+    progress: bool = True,
+) -> list[Point]:
+    """Measure every (block, shapes, recompute) of the grid and the head, in `passes` sweeps
+    (each: warm-up + repeats per point); points found in the cache are not measured again."""
+    clock = clock or default_clock()
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+    ctx = json.dumps(
+        device_info(clock, dtype, config.num_threads)
+        | {"sig": target.signature, "timing": [config.warmup, config.repeats, config.passes]},
+        sort_keys=True,
+    )
+    cache = PointCache(cache_path, ctx)
+    jobs = [
+        (name, shapes, rec)
+        for name in target.model.block_types
+        for shapes in config.grid.points(target.model.kind)
+        for rec in (False, True)
+    ]
+    if target.head is not None:
+        jobs += [("head", ((n,),), False) for n in config.grid.head_tokens()]
+    done = {j: cache.get(cache.key(*j)) for j in jobs}
+    todo = [j for j in jobs if done[j] is None]
+    kw = dict(clock=clock, warmup=config.warmup, repeats=config.repeats, dtype=dtype)
+    with _progress(progress, len(todo) * config.passes) as advance:
+        for _ in range(config.passes):
+            for job in todo:
+                name, shapes, rec = job
+                if name == "head":
+                    p = measure_head(target.head, shapes[0][0], **kw)
+                else:
+                    p = measure_block(target.blocks[name], shapes, recompute=rec, **kw)
+                done[job] = p if done[job] is None else done[job].merged(p)
+                advance(f"{name} {shapes[0]}x{len(shapes)} rec={int(rec)}")
+    for job in todo:
+        cache.put(cache.key(*job), done[job])
+    cache.flush()
+    return [done[j] for j in jobs]
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int):
+    if not enabled:
+        yield lambda desc: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("{task.description:<32}"), BarColumn(), MofNCompleteColumn()) as bar:
+        task = bar.add_task("profiling", total=total)
+        yield lambda desc: bar.update(task, advance=1, description=desc)
+
+
+def profile_model(
+    target: ProfileTarget,
+    config: ProfileConfig = ProfileConfig(),
+    *,
+    clock=None,
+    dtype=torch.float32,
+    cache_path: str | Path | None = None,
+    progress: bool = True,
+    a2a=(),
+) -> Profile:
+    """Measure, fit and return the Profile (save it with dcp_opt.profile_io.save_profile)."""
+    clock = clock or default_clock()
+    if config.reserved_bytes is None and clock.device.type == "cuda":
+        config = replace(config, reserved_bytes=2e9)
+    t0 = time.perf_counter()
+    points = measure_all(
+        target, config, clock=clock, dtype=dtype, cache_path=cache_path, progress=progress
+    )
+    coeffs, report = fit_points(target, points, config)
+    return Profile(
+        coefficients=coeffs,
+        model=target.model,
+        device=device_info(clock, dtype, config.num_threads),
+        date=utc_now(),
+        fit=report,
+        a2a=tuple(a2a),
+        method={
+            "timing": getattr(clock, "mode", "cuda events"),
+            "statistic": f"median of {config.repeats} after {config.warmup} warm-up runs",
+            "memory": "saved_tensors_hooks bytes (exact saved activations; transient "
+            "buffers inside ops not included)"
+            + ("; CUDA allocator peak recorded per point" if clock.device.type == "cuda" else ""),
+            "extrapolation": f"1 layer measured per block type, x{target.model.num_layers} layers",
+            "grid": asdict(config.grid),
+            "num_points": len(points),
+            "wall_s": time.perf_counter() - t0,
+            "target": target.signature,
+        },
+    )

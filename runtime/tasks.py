@@ -1,0 +1,129 @@
+"""Training objectives as the executor runs them: shard a micro-batch over the active group,
+forward, scale, backward. Each returns this rank's share of the (already scaled) loss; the
+shares of all ranks sum to the single-process loss of the global batch.
+
+Loss normalisation (the plan's `normalizer_kind`):
+- "tokens": sum over all tokens of the batch of the per-token loss, / total tokens;
+- "samples": sum over samples of the sample's mean per-token loss, / number of samples.
+Either way a token's loss gets a fixed weight, so sharding and packing change nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .parallelize import SPState
+from .sp import pad_dim, shard_bounds
+
+IGNORE = -100
+
+
+def seeded_generator(
+    step: int, sequence_id: int, *, seed: int = 0, salt: str = ""
+) -> torch.Generator:
+    """A generator every member of any group reproduces: seeded by (seed, step, sequence id),
+    never by rank, so noise / timesteps / dropout masks agree inside a group and with
+    single-process training."""
+    key = f"{seed}:{step}:{sequence_id}:{salt}".encode()
+    g = torch.Generator()
+    g.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
+    return g
+
+
+def _token_weight(kind: str, length: int) -> float:
+    if kind == "tokens":
+        return 1.0
+    if kind == "samples":
+        return 1.0 / length
+    raise ValueError(f"normalizer_kind: {kind!r} not allowed; allowed: ['tokens', 'samples']")
+
+
+@dataclass(frozen=True)
+class LMTask:
+    """Next-token prediction. A sample is a LongTensor of L+1 token ids (inputs = first L,
+    labels = last L), so a sequence of shape (L,) has exactly L loss tokens."""
+
+    def pack(self, samples, kind: str, degree: int):
+        """Whole packed stream, padded to a multiple of `degree`."""
+        cols = {"tokens": [], "labels": [], "positions": [], "segments": [], "weights": []}
+        for i, (_, s) in enumerate(samples):
+            n = s.shape[0] - 1
+            cols["tokens"].append(s[:-1])
+            cols["labels"].append(s[1:])
+            cols["positions"].append(torch.arange(n))
+            cols["segments"].append(torch.full((n,), i))
+            cols["weights"].append(torch.full((n,), _token_weight(kind, n), dtype=torch.float64))
+        total = sum(x.shape[0] for x in cols["tokens"])
+        size, _, _ = shard_bounds(total, degree, 0)
+        pad = {"tokens": 0, "labels": IGNORE, "positions": 0, "segments": -1, "weights": 0.0}
+        return {k: pad_dim(torch.cat(v), 0, size, pad[k]) for k, v in cols.items()}
+
+    def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
+        sp = state.sp
+        whole = self.pack(samples, kind, sp.degree)
+        _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
+        part = {k: v[lo:hi] for k, v in whole.items()}
+        state.segments = whole["segments"]
+        logits = model(part["tokens"], part["positions"], part["segments"])
+        labels = part["labels"].clamp(min=0)
+        per_token = F.cross_entropy(logits, labels, reduction="none")
+        # Weighted sum keeps the graph connected even on a rank holding only padding, so
+        # every member runs the same backward collectives.
+        loss = (per_token * part["weights"].to(per_token.dtype)).sum() * scale
+        loss.backward()
+        return loss.detach()
+
+    def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
+        """Unscaled loss of one whole sequence on one device (no packing, no padding)."""
+        n = sample.shape[0] - 1
+        logits = model(sample[:-1], torch.arange(n), torch.zeros(n, dtype=torch.long))
+        return F.cross_entropy(logits, sample[1:], reduction="sum") * _token_weight(kind, n)
+
+
+@dataclass(frozen=True)
+class DiffusionTask:
+    """Noise prediction (Ho et al. 2020, DDPM, eq. 14) with a cosine schedule (Nichol &
+    Dhariwal 2021, eq. 17). A sample is {"x": latent [F, S, C], "text": [Tt, text_dim]}.
+    Noise and timestep come from `seeded_generator(step, sequence id)`."""
+
+    seed: int = 0
+
+    def noise(self, sample, step: int, sequence_id: int):
+        g = seeded_generator(step, sequence_id, seed=self.seed, salt="diffusion")
+        x = sample["x"]
+        t = torch.rand((), generator=g, dtype=x.dtype)
+        eps = torch.randn(x.shape, generator=g, dtype=x.dtype)
+        abar = torch.cos(t * torch.pi / 2) ** 2
+        return t, eps, abar.sqrt() * x + (1 - abar).sqrt() * eps
+
+    def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
+        # One forward+backward per video: the swapped-in functions read per-video state, and
+        # checkpointed layers recompute during this video's backward, before it changes.
+        total = torch.zeros((), dtype=torch.float64)
+        sp = state.sp
+        for sid, sample in samples:
+            t, eps, xt = self.noise(sample, step, sid)
+            num_f, num_s, _ = xt.shape
+            f_pad, lo, hi = shard_bounds(num_f, sp.degree, sp.rank)
+            state.frame_mask = torch.arange(f_pad) < num_f
+            state.num_spatial = num_s
+            xt_l = pad_dim(xt, 0, f_pad)[lo:hi]
+            eps_l = pad_dim(eps, 0, f_pad)[lo:hi]
+            out = model(xt_l, t, sample["text"], frame_ids=torch.arange(lo, hi))
+            per_token = ((out - eps_l) ** 2).mean(-1)
+            w = _token_weight(kind, num_f * num_s) * state.frame_mask[lo:hi].to(out.dtype)
+            loss = (per_token * w[:, None]).sum() * scale
+            loss.backward()
+            total += loss.detach().to(total.dtype)
+        return total
+
+    def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
+        """Unscaled loss of one whole video on one device (no sharding, no padding)."""
+        t, eps, xt = self.noise(sample, step, sequence_id)
+        out = model(xt, t, sample["text"])
+        per_token = ((out - eps) ** 2).mean(-1)
+        return per_token.sum() * _token_weight(kind, per_token.numel())
