@@ -2,6 +2,7 @@
 
     dcp-opt plan      plan one batch with one planner, print a summary, write plan JSON
     dcp-opt simulate  validate a plan JSON against its inputs and predict its step
+    dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.gantt)
     dcp-opt bench     every planner on every standard workload (dcp_opt.bench)
 
 Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
@@ -196,26 +197,39 @@ def summary_lines(s: dict) -> list[str]:
 # ---- simulate ----------------------------------------------------------------------------------
 def _add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="validate a plan against its inputs and simulate it")
+    _add_plan_file(p)
+    p.add_argument("--json", metavar="OUT", help="write the simulation summary here")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _checked_plan(args: argparse.Namespace) -> tuple[Plan, Batch, CostModel] | None:
+    """The plan and its inputs, or None after printing every violation."""
+    plan = _read_plan(args.plan)
+    batch, cost = _inputs(args)
+    violations = validate(plan, batch, cost, check_fingerprint=not args.ignore_fingerprint)
+    if not violations:
+        return plan, batch, cost
+    _note(f"invalid plan: {len(violations)} violation(s)")
+    for v in violations:
+        print(f"  {v}", file=sys.stderr)
+    return None
+
+
+def _add_plan_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON written by `dcp-opt plan --out`")
     _add_inputs(p)
     p.add_argument(
         "--ignore-fingerprint",
         action="store_true",
-        help="simulate under other inputs than the plan was made for (what-if)",
+        help="accept other inputs than the plan was made for (what-if)",
     )
-    p.add_argument("--json", metavar="OUT", help="write the simulation summary here")
-    p.set_defaults(func=cmd_simulate)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    plan = _read_plan(args.plan)
-    batch, cost = _inputs(args)
-    violations = validate(plan, batch, cost, check_fingerprint=not args.ignore_fingerprint)
-    if violations:
-        _note(f"invalid plan: {len(violations)} violation(s)")
-        for v in violations:
-            print(f"  {v}", file=sys.stderr)
+    checked = _checked_plan(args)
+    if checked is None:
         return EXIT_FAILED
+    plan, batch, cost = checked
     sim = simulate(plan, batch, cost)
     s = sim.summary()
     print(
@@ -231,6 +245,30 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
         _write(args.json, json.dumps(s, indent=1) + "\n", "json")
+    return 0
+
+
+# ---- show --------------------------------------------------------------------------------------
+def _add_show(sub) -> None:
+    p = sub.add_parser("show", help="draw a plan: Gantt chart per rank and memory per rank")
+    _add_plan_file(p)
+    p.add_argument("--out", required=True, metavar="PNG", help="image file (png, svg, pdf)")
+    p.add_argument("--dpi", type=int, default=110)
+    p.set_defaults(func=cmd_show)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .gantt import plot_plan
+
+    checked = _checked_plan(args)
+    if checked is None:
+        return EXIT_FAILED
+    fig = plot_plan(*checked)
+    try:
+        fig.savefig(args.out, dpi=args.dpi)
+    except (OSError, ValueError) as e:  # unwritable path or unknown image format
+        raise DcpOptError(f"out {args.out!r}: cannot write ({e})") from None
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -306,8 +344,8 @@ class _progress:
 
 
 # ---- entry point -------------------------------------------------------------------------------
-# One registration function per subcommand; `show` and `whatif` (issue 6) add theirs here.
-COMMANDS = (_add_plan, _add_simulate, _add_bench)
+# One registration function per subcommand; `whatif` (issue 6) adds its own here.
+COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
