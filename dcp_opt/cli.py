@@ -293,7 +293,8 @@ def _add_bench(sub) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .bench import error_lines, render_table, run_bench
+    from .bench import run_bench
+    from .bench_display import error_lines, render_table
 
     config = BenchConfig(
         cluster=args.cluster,

@@ -82,7 +82,7 @@ def test_show_cli_writes_a_png(tmp_path, capsys):
 
 def test_matplotlib_is_imported_lazily():
     code = (
-        "import sys, dcp_opt, dcp_opt.cli, dcp_opt.gantt, dcp_opt.bench; "
+        "import sys, dcp_opt, dcp_opt.cli, dcp_opt.gantt, dcp_opt.bench, dcp_opt.bench_display; "
         "print('matplotlib' in sys.modules, 'rich' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
