@@ -165,6 +165,15 @@ def default_cost(model: ModelSpec, cluster: Cluster) -> CostModel:
     return CostModel(model, cluster)
 
 
+def json_default(x: Any) -> Any:
+    """For json.dumps: numpy scalars and arrays from planner statistics, else their repr."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    return repr(x)
+
+
 def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".replace("\n", " ")[:300]
 

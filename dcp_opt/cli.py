@@ -20,7 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .batch import Batch
-from .bench import DEFAULT_MODELS, DEFAULT_NUM_BATCHES, BenchConfig, planner_kwargs
+from .bench import (
+    DEFAULT_MODELS,
+    DEFAULT_NUM_BATCHES,
+    BenchConfig,
+    json_default,
+    planner_kwargs,
+)
 from .cluster import GB, cluster_preset
 from .cost import SHARDING_MODES, CostModel
 from .errors import DcpOptError
@@ -144,7 +150,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         _write(args.out, res.plan.to_json() + "\n", "out")
     if args.json:
-        _write(args.json, json.dumps(summary, indent=1) + "\n", "json")
+        _write(args.json, json.dumps(summary, indent=1, default=json_default) + "\n", "json")
     return 0
 
 
@@ -244,7 +250,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     if args.json:
         s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
-        _write(args.json, json.dumps(s, indent=1) + "\n", "json")
+        _write(args.json, json.dumps(s, indent=1, default=json_default) + "\n", "json")
     return 0
 
 
@@ -312,7 +318,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for line in error_lines(doc):
         _note(line)
     if args.json:
-        _write(args.json, json.dumps(doc, indent=1) + "\n", "json")
+        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     failed = any(not r["all_valid"] for r in doc["summary"])
     return EXIT_FAILED if (args.strict and failed) else 0
 

@@ -432,3 +432,21 @@ def test_bench_every_built_planner_tiny(tmp_path, capsys):
     assert bad == []
     for r in doc["summary"]:  # every plan is at least the certified bound
         assert r["median_gap"] >= -1e-9, r
+
+
+def test_summary_json_takes_numpy_planner_stats(stubs, monkeypatch, tmp_path):
+    import dataclasses
+
+    import numpy as np
+
+    def plan_np(batch, cost, **kw):
+        res = stub_planners.plan_whole(batch, cost)
+        return dataclasses.replace(res, stats={"nodes": np.int64(3), "bounds": np.arange(2)})
+
+    monkeypatch.setattr(stub_planners, "plan_np", plan_np, raising=False)
+    monkeypatch.setitem(solvers.PLANNERS, "stub_np", "_test_stub:plan_np")
+    out = tmp_path / "s.json"
+    lengths = _lengths(tmp_path, "4096\n")
+    argv = ["plan", "--lengths", lengths, "--cluster", "h200x8", "--planner", "stub_np"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["stats"] == {"nodes": 3, "bounds": [0, 1]}
