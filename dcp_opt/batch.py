@@ -100,7 +100,7 @@ class Batch:
     def by_id(self) -> dict[int, Sequence]:
         return {s.id: s for s in self.sequences}
 
-    @property
+    @cached_property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.sequences)
 

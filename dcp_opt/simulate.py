@@ -89,41 +89,38 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
     row = {s.id: k for k, s in enumerate(batch.sequences)}
     for p, phase in enumerate(plan.phases):
         for g in phase.groups:
+            if not g.micro_batches:
+                continue
             ranks = slice(g.start_rank, g.start_rank + g.degree)
-            t = float(ready[ranks].max()) if g.micro_batches else 0.0
+            t0 = float(ready[ranks].max())
             spans = cluster.spans_nodes(g.start_rank, g.degree)
             speed = cluster.group_speed(g.start_rank, g.degree)
-            for k, mb in enumerate(g.micro_batches):
-                f = feats[[row[s] for s in mb.sequence_ids]].sum(axis=0)
-                c, r, m = (
-                    float(x)
-                    for x in cost.time_parts(
-                        f, g.degree, mb.recompute_layers, spans_nodes=spans, speed=speed
+            # All micro-batches of the group at once: feature sums, times, memory.
+            mbs = g.micro_batches
+            idx = [row[s] for mb in mbs for s in mb.sequence_ids]
+            cuts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
+            f = np.add.reduceat(feats[idx], cuts, axis=0)
+            rec = np.array([mb.recompute_layers for mb in mbs])
+            c, r, m = cost.time_parts(f, g.degree, rec, spans_nodes=spans, speed=speed)
+            mem = cost.memory(f[:, -2], g.degree, rec)
+            # Back to back, summed left to right as a running clock would.
+            starts = np.cumsum(np.concatenate(([t0], c + r + m)))
+            events += [
+                Event(p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, *v)
+                for k, (mb, v) in enumerate(
+                    zip(
+                        mbs,
+                        zip(*(x.tolist() for x in (starts[:-1], c, r, m, mem)), strict=True),
+                        strict=True,
                     )
                 )
-                mem = float(cost.memory(f[-2], g.degree, mb.recompute_layers))
-                events.append(
-                    Event(
-                        p,
-                        g.start_rank,
-                        g.degree,
-                        k,
-                        mb.sequence_ids,
-                        mb.recompute_layers,
-                        t,
-                        c,
-                        r,
-                        m,
-                        mem,
-                    )
-                )
-                t += c + r + m
-                comm_total += m * g.degree
-                rec_total += r * g.degree
-                peak[ranks] = np.maximum(peak[ranks], mem)
-            if g.micro_batches:
-                busy[ranks] += t - float(ready[ranks].max())
-                ready[ranks] = t
+            ]
+            t = float(starts[-1])
+            comm_total += float(m.sum()) * g.degree
+            rec_total += float(r.sum()) * g.degree
+            peak[ranks] = np.maximum(peak[ranks], float(mem.max()))
+            busy[ranks] += t - t0
+            ready[ranks] = t
     finish = float(ready.max()) if n else 0.0
     sync = cost.grad_sync_time()
     return SimResult(

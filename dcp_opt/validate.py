@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from .batch import Batch
 from .cost import CostModel, loss_normalizer, plan_fingerprint
 from .errors import DcpOptError
@@ -130,7 +132,9 @@ def _check_coverage(plan: Plan, batch: Batch) -> list[Violation]:
 def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
     out = []
     L = cost.model.num_layers
-    known = batch.by_id
+    tok = {s.id: s.num_tokens for s in batch.sequences}
+    rows = []  # (where, ids, tokens, degree, r, capacity): memory checked at once below
+    caps: dict[tuple[int, int], float] = {}
     for p, g, k, mb in plan.micro_batches():
         where = f"phase {p} group@{g.start_rank}x{g.degree} micro-batch {k}"
         if not mb.sequence_ids:
@@ -143,17 +147,24 @@ def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Viol
             continue
         if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > cost.cluster.num_gpus:
             continue
-        tokens = sum(known[s].num_tokens for s in mb.sequence_ids if s in known)
-        need = float(cost.memory(tokens, g.degree, mb.recompute_layers))
-        cap = cost.capacity(g.start_rank, g.degree)
-        if need > cap * (1 + 1e-9):
-            out.append(
-                Violation(
-                    "OUT_OF_MEMORY",
-                    f"{where}: sequences {_short(list(mb.sequence_ids))} "
-                    f"need {need / 1e9:.2f} GB per GPU, capacity {cap / 1e9:.2f} GB",
-                )
+        key = (g.start_rank, g.degree)
+        if key not in caps:
+            caps[key] = cost.capacity(g.start_rank, g.degree)
+        tokens = sum(tok.get(s, 0) for s in mb.sequence_ids)
+        rows.append((where, mb.sequence_ids, tokens, g.degree, mb.recompute_layers, caps[key]))
+    if not rows:
+        return out
+    tokens, degree, rec, cap = (np.array([r[c] for r in rows]) for c in (2, 3, 4, 5))
+    need = cost.memory(tokens.astype(float), degree, rec)
+    for i in np.flatnonzero(need > cap * (1 + 1e-9)).tolist():
+        where, ids = rows[i][0], rows[i][1]
+        out.append(
+            Violation(
+                "OUT_OF_MEMORY",
+                f"{where}: sequences {_short(list(ids))} "
+                f"need {need[i] / 1e9:.2f} GB per GPU, capacity {cap[i] / 1e9:.2f} GB",
             )
+        )
     return out
 
 
