@@ -136,7 +136,7 @@ def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Viol
     rows = []  # (where, ids, tokens, degree, r, capacity): memory checked at once below
     caps: dict[tuple[int, int], float] = {}
     for p, g, k, mb in plan.micro_batches():
-        where = f"phase {p} group@{g.start_rank}x{g.degree} micro-batch {k}"
+        where = _Where(p, g.start_rank, g.degree, k)  # formatted only for a violation
         if not mb.sequence_ids:
             out.append(Violation("EMPTY_MICRO_BATCH", f"{where}: no sequence"))
             continue
@@ -166,6 +166,17 @@ def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Viol
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class _Where:
+    phase: int
+    start: int
+    degree: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"phase {self.phase} group@{self.start}x{self.degree} micro-batch {self.index}"
 
 
 def _check_fingerprint(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
