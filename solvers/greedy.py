@@ -1,0 +1,445 @@
+"""Greedy planner: degree, group layout, packing and recompute in milliseconds.
+
+It is the CP-SAT planner's hint and fallback, so it must be fast, always valid, and good.
+
+For a target makespan T (seconds of the busiest group, before the gradient sync):
+1. degree: each sequence takes the degree of least GPU-work d * t(d) among those that finish
+   within T (the efficiency / critical-path trade-off of FlexSP, Wang et al. 2025, sec. 4);
+   a sequence no degree can finish within T takes its fastest degree;
+2. layout: each degree gets groups in proportion to the group-seconds its sequences need
+   (demand / T, rounded so the ranks add up to N), placed big degrees first on aligned rank
+   ranges (buddy allocation), so no group straddles a node;
+3. assignment: longest first (LPT, Graham 1969), each sequence goes to the least-loaded group
+   of its degree if that meets T, else to whichever group finishes it earliest;
+4. packing: sequences that fit without recompute share a micro-batch up to the token count
+   that fits at r = 0, which saves the per-micro-batch constant (launches, all-to-all latency,
+   embedding/loss overhead); a sequence that needs recompute alone runs alone at its r_min.
+A second phase is tried for the sequences that need most of the cluster: they run one after
+another on the widest group in phase 0, then every rank re-forms for the rest.
+T is scanned on a grid above the lower bound and the best plan (exact loads) is kept.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp_opt.batch import Batch
+from dcp_opt.bounds import lower_bound
+from dcp_opt.cost import CostModel
+from dcp_opt.plan import Group, MicroBatch
+from dcp_opt.result import PlanResult
+from dcp_opt.table import seq_table
+
+from .common import finish
+
+# Targets tried, as multiples of the analytic bound's finish time: assignment that keeps
+# each sequence on its preferred degree while it meets T, and earliest-finish assignment.
+GRID_PREF = (1.0, 1.03)
+GRID_EFT = (1.0,)
+SMALL = 0.02
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What the greedy and CP-SAT planners read: per-sequence times, per-degree constants."""
+
+    ids: np.ndarray  # (n,) sequence ids
+    degrees: np.ndarray  # (D,) allowed degrees
+    time: np.ndarray  # (n, D) seconds alone at r_min; inf where it does not fit
+    marginal: np.ndarray  # (n, D) the same less every per-micro-batch constant
+    r_min: np.ndarray  # (n, D)
+    tokens: np.ndarray  # (n,)
+    const: np.ndarray  # (D,) per-micro-batch constant shared by packed sequences
+    cap0: np.ndarray  # (D,) tokens a micro-batch may hold without recompute
+    num_gpus: int
+    finish_lb: float  # analytic lower bound on the latest finish (no sync)
+    sync: float
+
+
+def make_instance(batch: Batch, cost: CostModel) -> Instance:
+    tab = seq_table(batch, cost)
+    deg = np.asarray(tab.degrees)
+    zero = np.zeros(cost.num_features)
+    const = np.array([float(cost.time(zero, int(d), 0)) for d in deg])
+    per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()
+    cap = np.array(
+        [max(cost.capacity(s, int(d)) for s in cost.cluster.placements(int(d))) for d in deg]
+    )
+    cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * (1 - 1e-9)
+    lb = lower_bound(batch, cost)
+    return Instance(
+        ids=np.array([s.id for s in batch.sequences]),
+        degrees=deg,
+        time=tab.time,
+        marginal=tab.time_marginal,
+        r_min=tab.r_min,
+        tokens=tab.tokens,
+        const=const,
+        cap0=cap0,
+        num_gpus=cost.cluster.num_gpus,
+        finish_lb=lb.value_s - lb.grad_sync_s,
+        sync=lb.grad_sync_s,
+    )
+
+
+@dataclass
+class Draft:
+    """A candidate plan as index lists: phase 0 (optional) and the main phase."""
+
+    phase0: list[tuple[int, int, list[tuple[list[int], int]]]]  # (start, degree, bins)
+    groups: list[tuple[int, int, list[tuple[list[int], int]]]]
+    finish_s: float  # exact on homogeneous clusters
+    how: tuple = ()  # which candidate made it (replayed on other blocks by greedy_blocks)
+
+
+# ---- step 1: degrees ------------------------------------------------------------------
+def preferred_degrees(inst: Instance, target: float, usable: np.ndarray) -> np.ndarray:
+    """Index of the least-work degree finishing within `target`, else the fastest one."""
+    t = np.where(usable[None, :], inst.time, np.inf)
+    work = np.where(t <= target, t * inst.degrees[None, :], np.inf)
+    pref = np.argmin(work, axis=1)
+    none = ~np.isfinite(work[np.arange(len(pref)), pref])
+    pref[none] = np.argmin(t[none], axis=1)
+    return pref
+
+
+# ---- step 2: layout -------------------------------------------------------------------
+def layout(
+    inst: Instance, items: np.ndarray, pref: np.ndarray, target: float, ranks: int
+) -> list[int]:
+    """Degree indices of the groups, summing to at most `ranks` GPUs, widest first."""
+    deg = inst.degrees
+    p = pref[items]
+    tp = inst.time[items, p]
+    frac = np.bincount(p, weights=tp, minlength=len(deg)) / max(target, 1e-12)
+    # A sequence longer than T/2 cannot share a group within T: give each its own.
+    big = np.bincount(p[tp > target / 2], minlength=len(deg))
+    frac = np.maximum(frac, big)
+    need = float((frac * deg).sum())
+    if need > ranks:
+        frac = frac * ranks / need
+    counts = np.floor(frac).astype(int)
+    left = ranks - int((counts * deg).sum())
+    for j in np.argsort(-(frac - counts) * deg, kind="stable"):
+        if frac[j] > counts[j] and deg[j] <= left:
+            counts[j] += 1
+            left -= int(deg[j])
+    out = [j for j in range(len(deg) - 1, -1, -1) for _ in range(counts[j])]
+    # Leftover ranks: the widest group that fits, among degrees some sequence can use.
+    useful = [j for j in range(len(deg)) if np.isfinite(inst.time[:, j]).any()]
+    for j in sorted(useful, key=lambda j: -deg[j]):
+        while deg[j] <= left:
+            out.append(j)
+            left -= int(deg[j])
+    return sorted(out, key=lambda j: -deg[j])
+
+
+def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tuple[int, int]]:
+    """(start, degree index) on aligned ranges: buddy order, scanning only on a clash."""
+    free = np.ones(inst.num_gpus, dtype=bool)
+    free[:first] = False
+    out, cursor = [], first
+    for j in groups:
+        d = int(inst.degrees[j])
+        start = cursor if _fits(free, cursor, d, cluster) else _scan(free, d, cluster)
+        if start is None:
+            continue
+        free[start : start + d] = False
+        out.append((start, j))
+        cursor = start + d
+    return out
+
+
+def _fits(free, start, d, cluster) -> bool:
+    if start % d or start + d > len(free) or not free[start : start + d].all():
+        return False
+    return d > cluster.gpus_per_node or not cluster.spans_nodes(start, d)
+
+
+def _scan(free, d, cluster):
+    for s in range(0, len(free) - d + 1, d):
+        if _fits(free, s, d, cluster):
+            return s
+    return None
+
+
+# ---- steps 3 and 4: assignment and packing ---------------------------------------------
+
+
+class _Groups:
+    """Loads, micro-batches ("bins" of [indices, r]) and the open packable bin per group."""
+
+    def __init__(self, inst, placed, speeds, cap0, base):
+        self.inst = inst
+        self.deg = np.array([j for _, j in placed])
+        self.load = np.full(len(placed), base)
+        self.speeds = np.asarray(speeds, dtype=float)
+        self.cap0 = np.asarray(cap0, dtype=float)
+        self.bins: list[list[list]] = [[] for _ in placed]
+        self.open_tok = np.full(len(placed), -1.0)  # tokens of the open bin; -1 = none
+        self.open_idx = [-1] * len(placed)
+
+    def put(self, i: int, g: int, j: int, packs: bool, fin: float, tok: float, r: int) -> None:
+        if packs:
+            self.bins[g][self.open_idx[g]][0].append(i)
+            self.open_tok[g] += tok
+        else:
+            self.bins[g].append([[i], r])
+            if r == 0:
+                self.open_tok[g], self.open_idx[g] = tok, len(self.bins[g]) - 1
+        self.load[g] = fin
+
+    def one_by_one(self, order: np.ndarray, pref: np.ndarray, target: float, eft: bool) -> bool:
+        """LPT with earliest finish: the least-loaded group of the preferred degree if it
+        meets the target, else the group (of any degree) that finishes the sequence first.
+        With `eft`, only sequences under SMALL * target take the preferred-degree shortcut."""
+        inst, inf = self.inst, float("inf")
+        SMALL * target
+        heaps: dict[int, list] = {}
+        for g, j in enumerate(self.deg.tolist()):
+            heaps.setdefault(j, []).append((float(self.load[g]), g))
+        for h in heaps.values():
+            heapq.heapify(h)
+        load, open_tok, cap0, speeds = (
+            self.load.tolist(),
+            self.open_tok.tolist(),
+            self.cap0.tolist(),
+            self.speeds.tolist(),
+        )
+        const = inst.const.tolist()
+        rows, rr = inst.time[order].tolist(), inst.r_min[order].tolist()
+        toks, prefs = inst.tokens[order].tolist(), pref[order].tolist()
+        for k, i in enumerate(order.tolist()):
+            t_row, r_row, p, tok = rows[k], rr[k], prefs[k], toks[k]
+            best = None
+            for j in [p] if p in heaps else []:
+                g = heaps[j][0][1]
+                packs = r_row[j] == 0 and open_tok[g] >= 0 and open_tok[g] + tok <= cap0[g]
+                best = (
+                    load[g] + (t_row[j] - const[j] if packs else t_row[j]) / speeds[g],
+                    j,
+                    g,
+                    packs,
+                )
+            if best is None or best[0] > target:
+                for j in sorted(heaps):
+                    if t_row[j] == inf:
+                        continue
+                    g = heaps[j][0][1]
+                    packs = r_row[j] == 0 and open_tok[g] >= 0 and open_tok[g] + tok <= cap0[g]
+                    fin = load[g] + (t_row[j] - const[j] if packs else t_row[j]) / speeds[g]
+                    if best is None or fin < best[0]:
+                        best = (fin, j, g, packs)
+            if best is None:
+                return False
+            fin, j, g, packs = best
+            self.open_tok[g] = open_tok[g]
+            self.put(i, g, j, packs, fin, tok, r_row[j])
+            load[g], open_tok[g] = fin, float(self.open_tok[g])
+            heapq.heapreplace(heaps[j], (fin, g))
+        return True
+
+
+def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False):
+    """Longest first into the placed groups. Returns (bins per group, loads) or None."""
+    st = _Groups(inst, placed, speeds, cap0, base)
+    tp = inst.time[items, pref[items]]
+    order = items[np.argsort(-tp, kind="stable")]
+    if not st.one_by_one(order, pref, target, eft):
+        return None
+    return [[(b[0], b[1]) for b in bs] for bs in st.bins], st.load.tolist()
+
+
+# ---- driver ---------------------------------------------------------------------------
+def spec_for(inst: Instance, cluster, target: float, two_phase: bool):
+    """(phase0, base, items, pref, placed) of a candidate for makespan `target`, or None."""
+    n, dmax = len(inst.ids), len(inst.degrees) - 1
+    usable = np.isfinite(inst.time).any(axis=0)
+    pref = preferred_degrees(inst, target, usable)
+    items = np.arange(n)
+    phase0: list = []
+    base = 0.0
+    if two_phase:
+        # Sequences that only a group wider than half the cluster finishes within T.
+        narrow = inst.degrees <= inst.num_gpus // 2
+        t_narrow = np.where(narrow[None, :], inst.time, np.inf).min(axis=1)
+        huge = np.flatnonzero(t_narrow > target)
+        if len(huge) == 0 or not np.isfinite(inst.time[huge, dmax]).all():
+            return None
+        start = _widest_start(cluster, int(inst.degrees[dmax]))
+        phase0 = [(start, dmax, [([int(i)], int(inst.r_min[i, dmax])) for i in huge])]
+        base = float(inst.time[huge, dmax].sum())
+        items = np.setdiff1d(items, huge)
+        pref = preferred_degrees(inst, max(target - base, 1e-9), usable)
+    rest = max(target - base, 1e-9)
+    placed = place(layout(inst, items, pref, rest, inst.num_gpus), inst, cluster)
+    return phase0, base, items, pref, placed
+
+
+def draft_for(
+    inst: Instance, cluster, target: float, two_phase: bool, eft: bool = False, spec=None
+) -> Draft | None:
+    """One candidate plan for target makespan `target` (eft: every sequence to the group
+    that finishes it first, ignoring the preferred degree)."""
+    spec = spec or spec_for(inst, cluster, target, two_phase)
+    if spec is None:
+        return None
+    phase0, base, items, pref, placed = spec
+    if len(items) == 0:
+        return Draft(phase0, [], base)
+    return _assign_draft(inst, cluster, items, pref, placed, target, phase0, base, eft)
+
+
+def _widest_start(cluster, d: int) -> int:
+    """The placement of a degree-d group with the most memory (all equal when homogeneous)."""
+    return max(cluster.placements(d), key=lambda s: (cluster.group_memory(s, d), -s))
+
+
+def _assign_draft(
+    inst, cluster, items, pref, placed, target, phase0, base, eft=False
+) -> Draft | None:
+    if not placed:
+        return None
+    speeds = np.array([cluster.group_speed(s, int(inst.degrees[j])) for s, j in placed])
+    cap0 = _group_cap0(inst, cluster, placed)
+    out = assign(inst, items, pref, placed, target, speeds, cap0, base, eft)
+    if out is None:
+        return None
+    bins, load = out
+    groups = [(s, j, bs) for (s, j), bs in zip(placed, bins, strict=False) if bs]
+    return Draft(phase0, groups, max(load))
+
+
+def _group_cap0(inst, cluster, placed) -> list[float]:
+    if cluster.memory_per_rank is None:
+        return [float(inst.cap0[j]) for _, j in placed]
+    top = max(cluster.memory_per_rank)
+    return [
+        float(inst.cap0[j]) * cluster.group_memory(s, int(inst.degrees[j])) / top for s, j in placed
+    ]
+
+
+def safe_draft(inst: Instance, cluster) -> Draft:
+    """Every sequence alone, one after another, on the widest group: always fits."""
+    dmax = len(inst.degrees) - 1
+    start = _widest_start(cluster, int(inst.degrees[dmax]))
+    bins = [([i], int(inst.r_min[i, dmax])) for i in range(len(inst.ids))]
+    return Draft([], [(start, dmax, bins)], float(inst.time[:, dmax].sum()))
+
+
+def to_phases(draft: Draft, inst: Instance, cost: CostModel) -> list[list[Group]] | None:
+    """Index lists -> Groups; None if a micro-batch does not fit its group's memory."""
+    phases = []
+    hetero = cost.cluster.memory_per_rank is not None
+    for part in (draft.phase0, draft.groups):
+        groups = []
+        for start, j, bins in part:
+            d = int(inst.degrees[j])
+            mbs = []
+            for idx, r in bins:
+                if hetero:
+                    cap = cost.capacity(start, d)
+                    need = int(cost.min_recompute(float(inst.tokens[idx].sum()), d, cap))
+                    if need < 0:
+                        return None
+                    r = max(r, need)
+                mbs.append(MicroBatch(tuple(int(inst.ids[i]) for i in idx), int(r)))
+            groups.append(Group(start, d, tuple(mbs)))
+        if groups:
+            phases.append(groups)
+    return phases
+
+
+def uniform_draft(inst: Instance, cluster, j: int) -> Draft | None:
+    """Every group of degree j (a sequence that does not fit there picks another group)."""
+    d = int(inst.degrees[j])
+    if not np.isfinite(inst.time[:, j]).any():
+        return None
+    placed = place([j] * (inst.num_gpus // d), inst, cluster)
+    pref = np.full(len(inst.ids), j)
+    items = np.arange(len(inst.ids))
+    return _assign_draft(inst, cluster, items, pref, placed, 0.0, [], 0.0)
+
+
+def uniform_bound(inst: Instance, j: int) -> float:
+    """Lower bound on the finish of uniform_draft(j): packed work over N, longest sequence."""
+    t = inst.time[:, j]
+    if not np.isfinite(t).all():
+        return 0.0  # some sequence goes elsewhere: no cheap bound
+    marginal = t - inst.const[j]
+    return max(float(marginal.sum()) * inst.degrees[j] / inst.num_gpus, float(t.max()))
+
+
+def search(inst: Instance, cluster) -> list[Draft]:
+    """Candidate drafts, best (lowest finish) first. The grids are where the standard
+    workloads' winners fell (targets as multiples of the bound's finish); a uniform layout
+    whose cheap bound cannot beat the best so far is skipped."""
+    drafts = [safe_draft(inst, cluster)]
+    seen: set = set()
+    for f, eft in [(f, False) for f in GRID_PREF] + [(f, True) for f in GRID_EFT]:
+        for two in (False, True):
+            spec = spec_for(inst, cluster, inst.finish_lb * f, two)
+            if spec is None:
+                continue
+            phase0, _, _, pref, placed = spec
+            key = (tuple(placed), pref.tobytes(), len(phase0), f if not eft else -1.0)
+            if key in seen:
+                continue
+            seen.add(key)
+            d = draft_for(inst, cluster, inst.finish_lb * f, two, eft, spec)
+            if d is not None:
+                d.how = ("target", f, two, eft)
+                drafts.append(d)
+    best = min(d.finish_s for d in drafts if d is not None)
+    bounds = [uniform_bound(inst, j) for j in range(len(inst.degrees))]
+    for j in np.argsort(bounds, kind="stable").tolist():
+        if bounds[j] < best:
+            d = uniform_draft(inst, cluster, j)
+            if d is not None:
+                d.how = ("uniform", j)
+                drafts.append(d)
+                best = min(best, d.finish_s)
+    return sorted((d for d in drafts if d is not None), key=lambda d: d.finish_s)
+
+
+def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
+    """The candidate `how` (a Draft.how) on another instance."""
+    if how[0] == "uniform":
+        return uniform_draft(inst, cluster, how[1])
+    if how[0] == "target":
+        _, f, two, eft = how
+        return draft_for(inst, cluster, inst.finish_lb * f, two, eft)
+    return safe_draft(inst, cluster)
+
+
+def candidates(inst: Instance, cluster) -> list[Draft]:
+    """Drafts, best first: split into blocks on large clusters, else the full search."""
+    from .greedy_blocks import search_blocks  # noqa: PLC0415 (it imports this module)
+
+    big = search_blocks(inst, cluster)
+    if big is not None:
+        return [big, safe_draft(inst, cluster)]
+    return search(inst, cluster)
+
+
+def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> PlanResult:
+    """Best of the greedy candidates (see the module docstring). `seed` is unused: the
+    planner is deterministic; it is accepted so that every planner shares one signature."""
+    started = time.perf_counter()
+    inst = make_instance(batch, cost)
+    for draft in candidates(inst, cost.cluster):
+        phases = to_phases(draft, inst, cost)
+        if phases is not None:
+            break
+    return finish(
+        phases,
+        batch,
+        cost,
+        planner="greedy",
+        started=started,
+        stats={"candidate": list(draft.how)},
+    )
