@@ -153,6 +153,8 @@ def plan_static_tuned(batch: Batch, cost: CostModel, *, seed: int = 0) -> PlanRe
         tried[d] = res[0]
         if best is None or res[0] < best[1][0]:
             best = (d, res)
+    if best is None:  # only on mixed-memory clusters: the weakest placement is too small
+        raise DcpOptError("static_tuned: no degree holds every sequence on all its placements")
     d, (_, starts, assign, r) = best
     groups = [
         Group(s, d, tuple(MicroBatch((ids[i],), int(r[i])) for i in items))
@@ -217,7 +219,8 @@ def plan_packed(
         )
     bins = first_fit_decreasing(tokens, target)
     bin_tokens = np.array([tokens[b].sum() for b in bins])
-    r = cost.min_recompute(bin_tokens, d, cap)
+    # fewest that fit; an item alone at the token cap may round to -1 at the byte boundary
+    r = np.where((r := cost.min_recompute(bin_tokens, d, cap)) < 0, L, r)
     times = cost.time(np.stack([feats[b].sum(axis=0) for b in bins]), d, r)
     assign, _ = lpt(times, speeds)
     ids = [s.id for s in batch.sequences]

@@ -35,6 +35,7 @@ from dcp_opt.cluster import GIB
 from dcp_opt.cost import CostModel
 
 MODES = ("intra", "inter", "pac", "bucket")
+MEMORY_TOLERANCE = 1e-9  # as validate(): a sequence exactly at capacity fits
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,19 @@ def profile_capacity(cost: CostModel, d: int) -> float:
     return min(cost.capacity(s, d) for s in cost.cluster.placements(d))
 
 
+def fits(need: float, cap: float) -> bool:
+    """The memory test of validate(): a relative tolerance of 1e-9."""
+    return float(need) <= cap * (1 + MEMORY_TOLERANCE)
+
+
 def max_batch(cost: CostModel, tokens: int, d: int, r: int, cap: float) -> int:
     """Largest bs with memory(bs * tokens, d, r) <= cap (0 if not even one fits)."""
     fixed = cost.fixed_bytes()
     one = float(cost.memory(tokens, d, r)) - fixed
-    if cap < fixed + one:
+    if not fits(fixed + one, cap):
         return 0
-    bs = max(1, int((cap - fixed) / one))
-    while bs > 1 and float(cost.memory(bs * tokens, d, r)) > cap:
+    bs = max(1, int((cap * (1 + MEMORY_TOLERANCE) - fixed) / one))
+    while bs > 1 and not fits(cost.memory(bs * tokens, d, r), cap):
         bs -= 1  # floating-point edge only
     return bs
 
@@ -138,7 +144,7 @@ def pac_recompute(cost: CostModel, tokens: float, d: int, cap: float, unit: floa
     while n > 0 and math.ceil(n * act / unit) > budget:
         n -= 1
     r = L - n
-    while r < L and float(cost.memory(tokens, d, r)) > cap:
+    while r < L and not fits(cost.memory(tokens, d, r), cap):
         r += 1  # our memory model charges less than the knapsack; never exceed capacity
     return r
 

@@ -361,3 +361,15 @@ def test_planners_raise_on_a_sequence_that_fits_nowhere(planner):
 
     with pytest.raises(InfeasibleError, match="sequence 1"):
         run_planner(planner, Batch.from_lengths([3, 60]), toy_cost(num_nodes=2))
+
+
+@pytest.mark.parametrize("planner", BASELINES)
+def test_a_sequence_exactly_at_capacity_fits(planner):
+    # 5 x 1 GPUs (degrees 1, 2, 4, 5), 98 bytes, fixed 2 + 4 + 12/5 = 8.4. len 32 at d = 5,
+    # r = 2: 8.4 + 32/5 * 14 = 98.0 = capacity (the float sum may land a hair above it);
+    # time 8 * 32 / 5 + 0.5 = 51.7.
+    cost = toy_cost(num_nodes=5, gpus_per_node=1, memory=98.0)
+    batch = Batch.from_lengths([32])
+    res = run_planner(planner, batch, cost)
+    check_plan(res, batch, cost)
+    assert res.predicted_step_time_s == pytest.approx(51.7)
