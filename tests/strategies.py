@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from hypothesis import strategies as st
 
@@ -40,6 +41,21 @@ from tests.toy import toy_cost
 # (num_nodes, gpus_per_node): named shapes that must always be in the mix.
 NAMED_LAYOUTS = ((1, 1), (1, 6), (3, 8), (3, 4), (1, 8), (4, 8), (8, 8), (5, 1), (2, 3), (7, 2))
 NODE_SIZES = (1, 2, 3, 4, 6, 8)
+
+
+# Strategy objects are cached: building a fresh one per draw (inside loops over sequences)
+# costs more than the draw itself and made the CI profile several times slower.
+@lru_cache(maxsize=4096)
+def ints(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
+
+
+BOOLS = st.booleans()
+
+
+def pick(draw, options):
+    """One of `options` (a sequence), shrinking towards the first."""
+    return options[draw(ints(0, len(options) - 1))]
 
 
 @dataclass(frozen=True)
@@ -81,22 +97,17 @@ def clusters(draw, max_gpus: int = 64, mixed: bool | None = None) -> Cluster:
     peak = draw(st.sampled_from([1e14, 312e12, 989e12]))
     intra = draw(st.sampled_from([100, 300, 450])) * GB
     inter = draw(st.sampled_from([12.5, 25, 50])) * GB
-    is_mixed = draw(st.booleans()) if mixed is None else mixed
+    is_mixed = draw(BOOLS) if mixed is None else mixed
     speeds = mems = None
     if is_mixed:
-        if draw(st.booleans()):
+        if draw(BOOLS):
             # one speed for every rank (a uniformly slow or fast cluster) or one per rank
             one = draw(st.sampled_from([None, 0.4, 0.7, 1.3]))
             speeds = (
-                (one,) * n
-                if one
-                else tuple(
-                    draw(st.lists(st.sampled_from([0.4, 0.7, 1.0, 1.3]), min_size=n, max_size=n))
-                )
+                (one,) * n if one else tuple(pick(draw, (0.4, 0.7, 1.0, 1.3)) for _ in range(n))
             )
-        if draw(st.booleans()):
-            mems = tuple(draw(st.lists(st.sampled_from([0.5, 0.75, 1.0]), min_size=n, max_size=n)))
-            mems = tuple(f * mem for f in mems)
+        if draw(BOOLS):
+            mems = tuple(pick(draw, (0.5, 0.75, 1.0)) * mem for _ in range(n))
     return Cluster(
         f"hyp{nodes}x{per}",
         nodes,
@@ -127,8 +138,8 @@ def small_models(draw, kind: str | None = None) -> ModelSpec:
             heads,
             ffn,
             vocab_size=draw(st.sampled_from([0, 1000, 32000])),
-            gated_mlp=draw(st.booleans()),
-            causal=draw(st.booleans()),
+            gated_mlp=draw(BOOLS),
+            causal=draw(BOOLS),
         )
     return ModelSpec(
         "small-2d",
@@ -172,10 +183,13 @@ def flops_costs(draw, max_gpus: int = 64, kind: str | None = None, mixed=None) -
     sharding = draw(st.sampled_from(SHARDING_MODES))
     frac = draw(st.sampled_from([0.7, 0.9, 1.0]))
     cost = CostModel(model, cluster, optimizer_sharding=sharding, usable_memory_fraction=frac)
-    # Room for activations: the model states take at most 1/headroom of usable memory.
-    headroom = draw(st.sampled_from([1.05, 1.5, 3.0]))
-    need = cost.fixed_bytes() * headroom / frac
-    return cost.with_(cluster=_raise_memory(cluster, need))
+    return with_headroom(cost, draw(st.sampled_from([1.05, 1.5, 3.0])))
+
+
+def with_headroom(cost: CostModel, headroom: float = 1.5) -> CostModel:
+    """Raise memory until the model states take at most 1/headroom of usable memory."""
+    need = cost.fixed_bytes() * headroom / cost.usable_memory_fraction
+    return cost.with_(cluster=_raise_memory(cost.cluster, need))
 
 
 def cost_models(max_gpus: int = 64, kind: str | None = None, mixed=None):
@@ -204,12 +218,11 @@ def max_fit_tokens(cost: CostModel, limit: int = 2**40) -> int:
     return lo
 
 
-@st.composite
-def log_ints(draw, low: int, high: int) -> int:
-    """Integers spread over orders of magnitude (a bit width first, then a value)."""
+def log_int(draw, low: int, high: int) -> int:
+    """An integer spread over orders of magnitude (a bit width first, then a value)."""
     high = max(low, high)
-    bits = draw(st.integers(low.bit_length() - 1, high.bit_length() - 1))
-    return draw(st.integers(max(low, 2**bits), min(high, 2 ** (bits + 1) - 1)))
+    bits = draw(ints(low.bit_length() - 1, high.bit_length() - 1))
+    return draw(ints(max(low, 2**bits), min(high, 2 ** (bits + 1) - 1)))
 
 
 def _clip_shape(shape: list[int], max_tokens: int) -> tuple[int, ...]:
@@ -221,24 +234,26 @@ def _clip_shape(shape: list[int], max_tokens: int) -> tuple[int, ...]:
 
 
 @st.composite
-def batches_for(draw, cost: CostModel, max_seqs: int = 24, max_len: int = 2**18) -> Batch:
+def batches_for(
+    draw, cost: CostModel, max_seqs: int = 24, max_len: int = 2**18, tiny_ok: bool = True
+) -> Batch:
     """Up to `max_seqs` sequences, each clipped to fit; one batch in four is many tiny
     sequences (up to 5x `max_seqs`, at most 64 tokens), where per-micro-batch constants
     dominate and packing matters."""
     cap = min(max_fit_tokens(cost), max_len)
     assert cap >= 1, "strategy bug: memory not raised enough for one token"
-    tiny = draw(st.integers(0, 3)) == 0
-    n = draw(st.integers(1, 5 * max_seqs if tiny else max_seqs))
+    tiny = tiny_ok and draw(ints(0, 3)) == 0
+    n = draw(ints(1, 5 * max_seqs if tiny else max_seqs))
     cap = min(cap, 64) if tiny else cap
     seqs = []
     for i in range(n):
         if cost.model.kind == "1d":
-            seqs.append(Sequence(i, (draw(log_ints(1, cap)),)))
+            seqs.append(Sequence(i, (log_int(draw, 1, cap),)))
         else:
-            f = draw(st.integers(1, 4 if tiny else 64))
-            h, w = draw(st.integers(1, 48)), draw(st.integers(1, 80))
+            f = draw(ints(1, 4 if tiny else 64))
+            h, w = draw(ints(1, 48)), draw(ints(1, 80))
             seqs.append(Sequence(i, _clip_shape([f, h, w], cap)))
-    ids = draw(st.permutations(range(n))) if draw(st.booleans()) else range(n)
+    ids = draw(st.permutations(range(n))) if draw(BOOLS) else range(n)
     return Batch(tuple(Sequence(j, s.shape) for j, s in zip(ids, seqs, strict=True)))
 
 
@@ -265,7 +280,7 @@ def group_layouts(draw, cluster: Cluster) -> list[tuple[int, int]]:
             for d in cluster.allowed_degrees
             if r % d == 0 and r + d <= n and (d > g or not cluster.spans_nodes(r, d))
         ]
-        d = draw(st.sampled_from(ok))
+        d = pick(draw, ok)
         out.append((r, d))
         r += d
     return out
@@ -282,7 +297,7 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
     group, the packing and the recompute choice are all drawn."""
     cost, batch = inst.cost, inst.batch
     L = cost.model.num_layers
-    dense = draw(st.booleans()) if dense is None else dense
+    dense = draw(BOOLS) if dense is None else dense
     layout = draw(group_layouts(cost.cluster))
     dmax, _ = fit_capacity(cost)
     best = max(cost.cluster.placements(dmax), key=lambda s: cost.capacity(s, dmax))
@@ -294,13 +309,13 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
         if not fits:
             late.append(s.id)
             continue
-        g = min(fits, key=lambda g: (load[g], g)) if dense else draw(st.sampled_from(fits))
+        g = min(fits, key=lambda g: (load[g], g)) if dense else pick(draw, fits)
         assigned[g].append(s.id)
         load[g] += s.num_tokens / g[1] / cost.cluster.group_speed(*g)
     phases = [
         [_group(draw, cost, batch, start, d, ids, L, dense) for (start, d), ids in assigned.items()]
     ]
-    n_late_phases = draw(st.integers(1, 2)) if late else 0
+    n_late_phases = draw(ints(1, 2)) if late else 0
     for k in range(n_late_phases):
         phases.append([_group(draw, cost, batch, best, dmax, late[k::n_late_phases], L, dense)])
     return make_plan(phases, batch, cost, planner="hyp", normalizer_kind=draw(_kinds()))
@@ -318,7 +333,7 @@ def _group(draw, cost, batch, start, d, ids, L, dense) -> Group:
     tokens: list[int] = []
     for sid in order:
         t = batch.by_id[sid].num_tokens
-        pack = dense or draw(st.booleans())
+        pack = dense or draw(BOOLS)
         if mbs and pack and _fits(cost, tokens[-1] + t, start, d) >= 0:
             mbs[-1].append(sid)
             tokens[-1] += t
@@ -328,7 +343,7 @@ def _group(draw, cost, batch, start, d, ids, L, dense) -> Group:
     out = []
     for ids_, t in zip(mbs, tokens, strict=True):
         r0 = _fits(cost, t, start, d)
-        out.append(MicroBatch(tuple(ids_), r0 if dense else draw(st.integers(r0, L))))
+        out.append(MicroBatch(tuple(ids_), r0 if dense else draw(ints(r0, L))))
     return Group(start, d, tuple(out))
 
 
@@ -347,6 +362,7 @@ __all__ = [
     "valid_plans",
     "group_layouts",
     "max_fit_tokens",
+    "with_headroom",
     "fit_capacity",
     "rel_excess",
 ]
