@@ -4,6 +4,7 @@
     dcp-opt simulate  validate a plan JSON against its inputs and predict its step
     dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.gantt)
     dcp-opt bench     every planner on every standard workload (dcp_opt.bench)
+    dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.whatif)
 
 Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
 fits nowhere) prints one line `dcp-opt: error: <message>` on stderr and exits 2. An invalid
@@ -350,9 +351,95 @@ class _progress:
         self.bar.__exit__(*exc)
 
 
+# ---- whatif ------------------------------------------------------------------------------------
+def _add_whatif(sub) -> None:
+    from .whatif import WhatIfConfig
+
+    d = WhatIfConfig()
+    p = sub.add_parser(
+        "whatif", help="predicted speedups, degrees and memory for a length distribution"
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lengths", metavar="FILE", help="a batch file (see `plan --lengths`)")
+    src.add_argument(
+        "--histogram", metavar="FILE", help="CSV rows length,count or frames,height,width,count"
+    )
+    p.add_argument("--cluster", default=d.cluster, help=f"cluster preset (default {d.cluster})")
+    p.add_argument("--model", default=None, help="model preset (default by the input's kind)")
+    p.add_argument("--batches", type=int, default=d.num_batches, help="sampled global batches")
+    p.add_argument("--sweep-batches", type=int, default=d.sweep_batches)
+    p.add_argument("--gpus", default=",".join(map(str, d.gpus)), help="GPU counts to sweep")
+    p.add_argument(
+        "--inter-bw-scale",
+        default=",".join(f"{s:g}" for s in d.inter_bw_scales),
+        help="inter-node bandwidth factors to sweep",
+    )
+    p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
+    p.add_argument("--tokens-per-gpu", type=int, default=d.tokens_per_gpu)
+    p.add_argument("--time-limit", type=float, default=d.time_limit_s, metavar="S")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--optimizer-sharding", default=d.optimizer_sharding, choices=SHARDING_MODES)
+    p.add_argument("--json", metavar="OUT", help="write the document here (see dcp_opt.whatif)")
+    p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_whatif)
+
+
+def _numbers(text: str, field: str, kind: type) -> tuple:
+    try:
+        return tuple(kind(x) for x in _split(text))
+    except ValueError:
+        raise DcpOptError(f"{field}: expected comma-separated numbers, got {text!r}") from None
+
+
+def cmd_whatif(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
+    from rich.console import Console
+
+    from .histogram import LengthDistribution
+    from .whatif import WhatIfConfig, run_whatif
+    from .whatif_display import recommendation, render_tables, save_whatif_png
+
+    if args.histogram is not None:
+        dist = LengthDistribution.from_histogram(args.histogram)
+    else:
+        dist = LengthDistribution.from_lengths(args.lengths)
+    config = WhatIfConfig(
+        cluster=args.cluster,
+        model=args.model,
+        num_batches=args.batches,
+        sweep_batches=args.sweep_batches,
+        gpus=_numbers(args.gpus, "gpus", int),
+        inter_bw_scales=_numbers(args.inter_bw_scale, "inter-bw-scale", float),
+        tokens_per_gpu=args.tokens_per_gpu,
+        planners=_split(args.planners),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        optimizer_sharding=args.optimizer_sharding,
+    )
+    status = None if args.no_progress else Console(stderr=True).status("what-if")
+    with status or nullcontext():
+        doc = run_whatif(dist, config, progress=status.update if status else lambda m: None)
+    console = Console(soft_wrap=False, width=max(Console().width, 120))
+    for table in render_tables(doc):
+        console.print(table)
+    for line in recommendation(doc):
+        print(line)
+    for line in doc["warnings"]:
+        _note(line)
+    if args.json:
+        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
+    if args.plot:
+        save_whatif_png(doc, args.plot)
+        print(f"wrote {args.plot}")
+    print(f"whatif took {doc['wall_time_s']:.1f} s")
+    return 0
+
+
 # ---- entry point -------------------------------------------------------------------------------
 # One registration function per subcommand; `whatif` (issue 6) adds its own here.
-COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench)
+COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench, _add_whatif)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,259 @@
+"""How `dcp-opt whatif` shows its document (dcp_opt.whatif): rich tables, a one-paragraph
+recommendation, and a six-panel matplotlib figure.
+
+rich and matplotlib are imported only inside the functions that draw, so importing this
+module costs nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import DcpOptError
+
+
+def _x(s: dict | None, key: str = "median") -> str:
+    return "-" if s is None else f"{s[key]:.2f}x"
+
+
+def _spread_text(s: dict | None) -> str:
+    return "-" if s is None else f"{s['median']:.2f}x [{s['p10']:.2f}, {s['p90']:.2f}]"
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1024:.0f}K" if n >= 1024 else f"{n:.0f}"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def recommendation(doc: dict) -> list[str]:
+    """Plain sentences: the best planner, its speedup, the degrees to provision, memory."""
+    best = doc["best_planner"]
+    if best is None:
+        return ["no planner gave a valid plan on any batch; see the errors above"]
+    row = next(r for r in doc["planners"] if r["planner"] == best)
+    sp = row["speedup"]
+    out = [
+        f"best planner: {best}, {_x(sp)} over bucket parallel (median over "
+        f"{doc['config']['num_batches']} batches; p10 {_x(sp, 'p10')}, p90 {_x(sp, 'p90')})"
+        if sp
+        else f"best planner: {best} (bucket gave no valid plan to compare with)"
+    ]
+    used = [d for d in doc["degrees"] if d["gpu_time_share"] >= 0.01]
+    parts = [
+        f"{d['degree']} ({d['gpu_time_share']:.0%} of GPU-time, {d['sequence_share']:.0%} of "
+        f"sequences, {_tokens(d['min_tokens'])}-{_tokens(d['max_tokens'])} tokens)"
+        for d in used
+    ]
+    out.append("SP degrees it uses: " + "; ".join(parts))
+    if row["min_headroom"] is not None:
+        out.append(
+            f"memory: peak {row['peak_memory_gb']['max']:.1f} GB of {row['capacity_gb']:.1f} GB "
+            f"usable ({row['min_headroom']:.1%} headroom on the fullest rank of the worst batch)"
+        )
+    return out
+
+
+def render_tables(doc: dict) -> list:
+    """rich Tables: planners, degrees of the best planner, the two sweeps."""
+    from rich.table import Table
+
+    cfg, dist = doc["config"], doc["distribution"]
+    t = Table(
+        title=f"dcp-opt whatif: {dist['source']} ({dist['kind']}, mean "
+        f"{_tokens(dist['mean_tokens'])} tokens, max {_tokens(dist['max_tokens'])}) - "
+        f"{cfg['model']} on {cfg['cluster']}, {cfg['num_batches']} batches of "
+        f"{cfg['num_gpus']} x {_tokens(cfg['tokens_per_gpu'])} tokens",
+        title_justify="left",
+        caption="vs bucket: median \\[p10, p90] over batches of bucket's step time / this "
+        "planner's; peak: fullest rank, worst batch; headroom: 1 - peak / usable capacity",
+        caption_justify="left",
+    )
+    for col in ("planner", "step (s)", "tokens/s", "vs bucket", "peak GB", "headroom",
+                "recompute", "plan (ms)", "valid"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "planner" else "right")
+    for r in doc["planners"]:
+        mark = " *" if r["planner"] == doc["best_planner"] else ""
+        valid = f"{r['num_valid']}/{r['num_batches']}"
+        peak = r["peak_memory_gb"]
+        t.add_row(
+            r["planner"] + mark,
+            _fmt(r["median_step_time_s"], ".3f"),
+            _fmt(r["median_tokens_per_s"], ",.0f"),
+            _spread_text(r["speedup"]),
+            "-" if peak is None else f"{peak['max']:.1f}/{r['capacity_gb']:.1f}",
+            _fmt(r["min_headroom"], ".1%"),
+            _fmt(r["recompute_share"], ".1%"),
+            _fmt(r["median_wall_time_s"] * 1e3, ".1f"),
+            valid if r["num_valid"] == r["num_batches"] else f"[red]{valid}[/red]",
+        )
+    return [
+        t,
+        _degree_table(doc),
+        _sweep_table(doc, "sweep_gpus"),
+        _sweep_table(doc, "sweep_inter_bw"),
+    ]
+
+
+def _degree_table(doc: dict):
+    from rich.table import Table
+
+    t = Table(title=f"SP degrees used by {doc['best_planner']} (all batches)", title_justify="left")
+    for col in ("degree", "GPU-time", "sequences", "tokens", "sequence tokens", "recomputed"):
+        t.add_column(col, justify="right")
+    for d in doc["degrees"]:
+        t.add_row(
+            str(d["degree"]),
+            f"{d['gpu_time_share']:.1%}",
+            f"{d['sequence_share']:.1%}",
+            f"{d['token_share']:.1%}",
+            f"{_tokens(d['min_tokens'])}-{_tokens(d['max_tokens'])}",
+            f"{d['recompute_fraction']:.1%}",
+        )
+    return t
+
+
+def _sweep_table(doc: dict, key: str):
+    from rich.table import Table
+
+    rows = doc[key]
+    gpus = key == "sweep_gpus"
+    n = doc["config"]["sweep_batches"]
+    t = Table(
+        title=(
+            f"speedup over bucket vs GPU count (token budget scales with it; {n} batches)"
+            if gpus
+            else f"speedup over bucket vs inter-node bandwidth on {doc['config']['cluster']} "
+            f"({n} batches)"
+        ),
+        title_justify="left",
+    )
+    t.add_column("GPUs" if gpus else "inter-node bw", justify="right")
+    planners = list(rows[0]["speedup"]) if rows else []
+    for p in planners:
+        t.add_column(p, justify="right")
+    t.add_column("note")
+    for r in rows:
+        label = (
+            str(r["num_gpus"]) if gpus else f"x{r['scale']:g} ({r['inter_node_bw_gbps']:.1f} GB/s)"
+        )
+        t.add_row(label, *[_spread_text(r["speedup"][p]) for p in planners], r["note"])
+    return t
+
+
+# ---- the figure --------------------------------------------------------------------------------
+def plot_whatif(doc: dict):
+    """Six panels: input distribution, speedups, degrees, memory, GPU sweep, bandwidth sweep."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 8.5), layout="constrained")
+    axes = fig.subplots(2, 3)
+    _plot_input(axes[0, 0], doc)
+    _plot_speedups(axes[0, 1], doc)
+    _plot_degrees(axes[0, 2], doc)
+    _plot_memory(axes[1, 0], doc)
+    _plot_sweep(axes[1, 1], doc, "sweep_gpus")
+    _plot_sweep(axes[1, 2], doc, "sweep_inter_bw")
+    cfg, dist = doc["config"], doc["distribution"]
+    fig.suptitle(
+        f"what-if: {dist['source']} - {cfg['model']} on {cfg['cluster']}; "
+        f"best planner {doc['best_planner']}",
+        fontsize=11,
+    )
+    return fig
+
+
+def save_whatif_png(doc: dict, out: str | Path, *, dpi: int = 100) -> Path:
+    fig = plot_whatif(doc)
+    try:
+        fig.savefig(out, dpi=dpi)
+    except (OSError, ValueError) as e:  # unwritable path or unknown image format
+        raise DcpOptError(f"plot {str(out)!r}: cannot write ({e})") from None
+    return Path(out)
+
+
+def _plot_input(ax, doc: dict) -> None:
+    h = doc["distribution"]["token_histogram"]
+    edges = h["edges"]
+    x = range(len(edges) - 1)
+    ax.bar([i - 0.2 for i in x], h["sequence_share"], width=0.4, label="sequences")
+    ax.bar([i + 0.2 for i in x], h["token_share"], width=0.4, label="tokens")
+    ax.set_xticks(list(x), [_tokens(e) for e in edges[:-1]], rotation=45, fontsize=7)
+    ax.set_xlabel("tokens per sequence (bin start, powers of two)")
+    ax.set_ylabel("share")
+    ax.set_title("input distribution", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def _plot_speedups(ax, doc: dict) -> None:
+    rows = [r for r in doc["planners"] if r["speedup"]]
+    y = range(len(rows))
+    med = [r["speedup"]["median"] for r in rows]
+    lo = [r["speedup"]["median"] - r["speedup"]["p10"] for r in rows]
+    hi = [r["speedup"]["p90"] - r["speedup"]["median"] for r in rows]
+    colors = ["C3" if r["planner"] == doc["best_planner"] else "C0" for r in rows]
+    ax.barh(list(y), med, color=colors, alpha=0.8)
+    ax.errorbar(med, list(y), xerr=[lo, hi], fmt="none", ecolor="black", capsize=3)
+    ax.axvline(1.0, color="grey", ls="--")
+    ax.set_yticks(list(y), [r["planner"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over bucket (median, p10-p90 whiskers)")
+    ax.set_title("predicted speedup per planner", fontsize=10)
+
+
+def _plot_degrees(ax, doc: dict) -> None:
+    rows = doc["degrees"]
+    x = range(len(rows))
+    for k, (key, label) in enumerate(
+        [("gpu_time_share", "GPU-time"), ("sequence_share", "sequences"), ("token_share", "tokens")]
+    ):
+        ax.bar([i + (k - 1) * 0.27 for i in x], [r[key] for r in rows], width=0.27, label=label)
+    ax.set_xticks(list(x), [str(r["degree"]) for r in rows])
+    ax.set_xlabel("SP degree")
+    ax.set_ylabel("share")
+    ax.set_title(f"degrees used by {doc['best_planner']}", fontsize=10)
+    ax.legend(fontsize=8)
+
+
+def _plot_memory(ax, doc: dict) -> None:
+    rows = [r for r in doc["planners"] if r["peak_memory_gb"]]
+    y = list(range(len(rows)))
+    fixed = [r["fixed_memory_gb"] for r in rows]
+    act = [r["peak_memory_gb"]["max"] - f for r, f in zip(rows, fixed, strict=True)]
+    ax.barh(y, fixed, color="#606060", label="model states + reserve")
+    ax.barh(y, act, left=fixed, color="#8172B3", label="activations at peak")
+    if rows:
+        ax.axvline(rows[0]["capacity_gb"], color="red", ls="--", label="usable capacity")
+    ax.set_yticks(y, [r["planner"] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("peak memory of the fullest rank, worst batch (GB)")
+    ax.set_title("memory headroom", fontsize=10)
+    ax.legend(fontsize=8, loc="lower left", framealpha=0.9)
+
+
+def _plot_sweep(ax, doc: dict, key: str) -> None:
+    rows = doc[key]
+    gpus = key == "sweep_gpus"
+    xs = [r["num_gpus"] if gpus else r["inter_node_bw_gbps"] for r in rows]
+    planners = list(rows[0]["speedup"]) if rows else []
+    for p in planners:
+        pts = [(x, r["speedup"][p]) for x, r in zip(xs, rows, strict=True) if r["speedup"][p]]
+        if not pts:
+            continue
+        px = [x for x, _ in pts]
+        ax.plot(px, [s["median"] for _, s in pts], marker="o", label=p)
+        ax.fill_between(px, [s["p10"] for _, s in pts], [s["p90"] for _, s in pts], alpha=0.2)
+    ax.axhline(1.0, color="grey", ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(
+        xs, [str(r["num_gpus"]) if gpus else f"{x:g}" for x, r in zip(xs, rows, strict=True)]
+    )
+    ax.set_xlabel("GPUs" if gpus else "inter-node bandwidth per GPU (GB/s)")
+    ax.set_ylabel("speedup over bucket")
+    ax.set_title(
+        "speedup vs GPU count (weak scaling)" if gpus else "speedup vs inter-node bandwidth",
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
