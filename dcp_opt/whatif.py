@@ -24,7 +24,8 @@ JSON document (`WHATIF_SCHEMA` = "dcp-opt-whatif/1"):
         token_share} over powers of two), wall_time_s, best_planner, warnings
     planners   one row per planner on the base cluster: planner, num_batches, num_valid,
                errors, median_step_time_s, median_tokens_per_s, speedup {median, p10, p90,
-               min, max} over batches (null without a valid bucket plan), peak_memory_gb
+               min, max} over batches (null without a valid bucket plan),
+               speedup_per_batch (the batches where both plans are valid), peak_memory_gb
                {median, max} (the fullest rank), capacity_gb, fixed_memory_gb (model states and
                reserve, on every rank), min_headroom (1 - max peak /
                capacity), recompute_share (median share of busy time spent recomputing)
@@ -221,6 +222,7 @@ def planner_row(name: str, runs: list[tuple[Batch, dict[str, Outcome]]], cost: C
         "median_tokens_per_s": _median([b.num_tokens / o.step_time_s for b, o in ok]),
         "median_wall_time_s": _median([r[name].wall_time_s for _, r in runs]),
         "speedup": spread(speedups(runs, name)),
+        "speedup_per_batch": speedups(runs, name),
         "peak_memory_gb": {"median": _median(peaks), "max": max(peaks)} if peaks else None,
         "capacity_gb": cap,
         "fixed_memory_gb": cost.fixed_bytes() / GB,

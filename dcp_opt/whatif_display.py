@@ -21,6 +21,8 @@ def _spread_text(s: dict | None) -> str:
 
 
 def _tokens(n: float) -> str:
+    if n >= 2**20:
+        return f"{n / 2**20:.1f}M"
     return f"{n / 1024:.0f}K" if n >= 1024 else f"{n:.0f}"
 
 
