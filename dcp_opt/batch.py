@@ -15,6 +15,9 @@ import numpy as np
 
 from .errors import DcpOptError, require
 
+# Costs square token counts in float64: 2**53 tokens (exact in a float) squared stays finite.
+MAX_TOKENS = 2**53
+
 
 @dataclass(frozen=True)
 class Sequence:
@@ -36,6 +39,11 @@ class Sequence:
             all(isinstance(x, int) and x >= 1 for x in self.shape),
             f"sequence {self.id}.shape",
             f"every entry must be an integer >= 1, got {self.shape!r}",
+        )
+        require(
+            self.num_tokens <= MAX_TOKENS,
+            f"sequence {self.id}.shape",
+            f"{self.num_tokens} tokens is more than the {MAX_TOKENS} (2**53) dcp_opt can cost",
         )
 
     @property

@@ -40,6 +40,23 @@ class ModelSpec:
             require(
                 isinstance(v, int) and v >= 1, f"model.{f}", f"must be an integer >= 1, got {v!r}"
             )
+        # Checked too because profile files carry a ModelSpec: a hand-edited one must fail
+        # here, naming the field, not later inside the cost model.
+        for f in ("vocab_size", "text_tokens"):
+            v = getattr(self, f)
+            require(
+                isinstance(v, int) and v >= 0, f"model.{f}", f"must be an integer >= 0, got {v!r}"
+            )
+        for f in ("gated_mlp", "causal"):
+            v = getattr(self, f)
+            require(isinstance(v, bool), f"model.{f}", f"must be true or false, got {v!r}")
+        p = self.num_params
+        require(
+            p is None
+            or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p < float("inf")),
+            "model.num_params",
+            f"must be a finite number > 0 or null, got {p!r}",
+        )
         require(
             self.hidden % self.num_heads == 0,
             "model.num_heads",

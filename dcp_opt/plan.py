@@ -133,6 +133,10 @@ class Plan:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlanFormatError(f"plan: not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:  # a recursion bomb ("[[[[..."), not a plan
+            raise PlanFormatError("plan: not valid JSON (nested too deeply)") from None
+        except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
+            raise PlanFormatError(f"plan: not valid JSON ({e})") from None
         return _parse_plan(d)
 
 
@@ -192,13 +196,16 @@ def _parse_plan(d: Any) -> Plan:
     pred = d.get("predicted_step_time_s")
     if pred is not None and not isinstance(pred, (int, float)):
         raise PlanFormatError("plan.predicted_step_time_s: expected number or null")
+    norm = _need(d, "loss_normalizer", (int, float), "plan")
+    if not 0 < norm < float("inf"):  # also rejects NaN, which JSON parsers accept
+        raise PlanFormatError(f"plan.loss_normalizer: must be a finite number > 0, got {norm!r}")
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         raise PlanFormatError("plan.meta: expected an object")
     return Plan(
         phases=tuple(phases),
         num_ranks=_need(d, "num_ranks", int, "plan"),
-        loss_normalizer=float(_need(d, "loss_normalizer", (int, float), "plan")),
+        loss_normalizer=float(norm),
         normalizer_kind=kind,
         fingerprint=_need(d, "fingerprint", str, "plan"),
         planner=str(d.get("planner", "")),

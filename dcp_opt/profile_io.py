@@ -116,12 +116,18 @@ def load_profile(path: str | Path, *, model: ModelSpec | None = None) -> Profile
         text = p.read_text()
     except OSError as e:
         raise ProfileError(f"profile {str(p)!r}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"profile {str(p)!r}: not UTF-8 text (byte {e.start})") from None
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProfileError(
             f"profile {p.name}: not valid JSON ({e.msg} at line {e.lineno})"
         ) from None
+    except RecursionError:  # a recursion bomb ("[[[[..."), not a profile
+        raise ProfileError(f"profile {p.name}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
+        raise ProfileError(f"profile {p.name}: not valid JSON ({e})") from None
     prof = profile_from_dict(d)
     if model is not None:
         check_profile_matches(prof, model)

@@ -186,7 +186,8 @@ def _check_fingerprint(plan: Plan, batch: Batch, cost: CostModel) -> list[Violat
         out.append(Violation("FINGERPRINT_MISMATCH", f"plan {plan.fingerprint!r}, inputs {want!r}"))
     if (
         plan.normalizer_kind not in NORMALIZERS
-        or abs(plan.loss_normalizer - loss_normalizer(batch, plan.normalizer_kind)) > 1e-9
+        # `not <=` so that a NaN normaliser is a violation too
+        or not abs(plan.loss_normalizer - loss_normalizer(batch, plan.normalizer_kind)) <= 1e-9
     ):
         out.append(
             Violation(

@@ -94,6 +94,8 @@ class Workload:
         """Sequences drawn until `token_budget` tokens are reached."""
         if token_budget < 1:
             raise DcpOptError(f"token_budget: must be >= 1, got {token_budget}")
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise DcpOptError(f"seed: must be an integer >= 0, got {seed!r}")
         rng = np.random.default_rng(seed)
         seqs, total = [], 0
         while total < token_budget:
@@ -120,6 +122,11 @@ def load_batch(path: str | Path) -> Batch:
         text = p.read_text()
     except OSError as e:
         raise DcpOptError(f"lengths file {str(p)!r}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise DcpOptError(
+            f"lengths file {str(p)!r}: not UTF-8 text (byte {e.start}); expected lengths, "
+            "frames,height,width lines or JSON"
+        ) from None
     if p.suffix == ".json" or text.lstrip().startswith(("[", "{")):
         return _batch_from_json(text, p)
     rows = []
@@ -149,6 +156,10 @@ def _batch_from_json(text: str, p: Path) -> Batch:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise DcpOptError(f"{p.name}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise DcpOptError(f"{p.name}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
+        raise DcpOptError(f"{p.name}: not valid JSON ({e})") from None
     if isinstance(d, dict):
         return Batch.from_dict(d)
     if not isinstance(d, list) or not d:

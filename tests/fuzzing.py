@@ -1,0 +1,441 @@
+"""Fuzz cases for every public input and the code that feeds each one through dcp_opt.
+
+Inputs: plan JSON, lengths files, profile JSON, CLI arguments. For each, `TARGETS[name]` is
+(strategy of cases, function that runs one case). Running a case gives an `Outcome`:
+"accepted" (the input was good), "rejected" (a DcpOptError with a message, or the CLI's exit
+2 with one `dcp-opt: error:` line), or "unhandled" (any other exception, a traceback on
+stderr, an empty message). Unhandled must never happen. tests/test_fuzz.py asserts it under
+hypothesis; benchmarks/fuzz_report.py counts cases and outcomes per input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import traceback
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from dcp_opt import (
+    Batch,
+    CostModel,
+    DcpOptError,
+    Group,
+    MicroBatch,
+    Plan,
+    cluster_preset,
+    lower_bound,
+    make_plan,
+    model_preset,
+    simulate,
+    validate,
+)
+from dcp_opt.workloads import load_batch
+from tests.toy import toy_cost
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # "accepted" | "rejected" | "unhandled"
+    detail: str = ""
+
+
+def attempt(fn, *args) -> Outcome:
+    try:
+        fn(*args)
+    except DcpOptError as e:
+        msg = str(e).strip()
+        return Outcome("rejected", msg) if msg else Outcome("unhandled", "empty DcpOptError")
+    except Exception as e:  # the point of fuzzing: anything else is a bug
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(tb.filename).name}:{tb.lineno}"
+        return Outcome("unhandled", f"{type(e).__name__} at {where}: {str(e)[:200]}")
+    return Outcome("accepted")
+
+
+# ---- generic JSON mutation ---------------------------------------------------------------
+JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.sampled_from([0, 1, -1, 2, 3, 7, 8, 10**12, 2**63, -(2**63), 10**400 // 10**380]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=6), kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _paths(d: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path (keys and indices) to a node of a JSON document."""
+    out = [prefix]
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _set(doc: Any, path: tuple, value: Any, delete: bool = False) -> Any:
+    if not path:
+        return value
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return doc
+
+
+@st.composite
+def mutated_json(draw, base: dict, rank_keys: tuple[str, ...] = ()) -> str:
+    """A valid document changed in one of many ways, as text."""
+    doc = json.loads(json.dumps(base))
+    how = draw(st.sampled_from(["replace", "delete", "rank", "truncate", "chars", "nan", "deep"]))
+    text = json.dumps(doc)
+    if how in ("replace", "delete", "rank"):
+        paths = [p for p in _paths(doc) if p]
+        if how == "rank":
+            paths = [p for p in paths if p[-1] in rank_keys] or paths
+        path = draw(st.sampled_from(paths))
+        if how == "delete":
+            doc = _set(doc, path, None, delete=True)
+        elif how == "rank":
+            doc = _set(
+                doc, path, draw(st.sampled_from([-3, -1, 0, 1, 2, 3, 5, 7, 8, 9, 64, 2**40]))
+            )
+        else:
+            doc = _set(doc, path, draw(JSON_VALUES))
+        text = json.dumps(doc)
+    elif how == "truncate":
+        text = text[: draw(st.integers(0, max(0, len(text) - 1)))]
+    elif how == "chars":
+        for _ in range(draw(st.integers(1, 4))):
+            i = draw(st.integers(0, len(text)))
+            text = (
+                text[:i]
+                + draw(st.text(min_size=0, max_size=3))
+                + text[i + draw(st.integers(0, 3)) :]
+            )
+    elif how == "nan":
+        nums = [p for p in _paths(doc) if p and isinstance(_get(doc, p), (int, float))]
+        if nums:
+            doc = _set(doc, draw(st.sampled_from(nums)), 0.5)
+        text = json.dumps(doc).replace(
+            "0.5", draw(st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-0.0"])), 1
+        )
+    else:  # deep nesting: a recursion bomb must be an error, not a crash
+        k = draw(st.sampled_from([50, 1000, 100_000]))
+        text = "[" * k + "]" * k
+    return text
+
+
+def _get(doc: Any, path: tuple) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+# ---- plan JSON -----------------------------------------------------------------------------
+@cache
+def plan_fixture() -> tuple[Plan, Batch, CostModel]:
+    """A valid two-phase plan on the toy cluster (2 nodes x 4 GPUs)."""
+    cost = toy_cost(2, 4, 200.0)
+    batch = Batch.from_lengths([8, 2, 2, 3, 1, 6])
+    phases = [
+        [
+            Group(0, 4, (MicroBatch((0,), 1),)),
+            Group(4, 2, (MicroBatch((1, 2)), MicroBatch((3,)))),
+            Group(6, 1, (MicroBatch((4,), 2),)),
+        ],
+        [Group(0, 8, (MicroBatch((5,)),))],
+    ]
+    plan = make_plan(phases, batch, cost, planner="fixture", predicted_step_time_s=1.0)
+    assert validate(plan, batch, cost) == []
+    return plan, batch, cost
+
+
+def plan_cases() -> st.SearchStrategy[str]:
+    base = plan_fixture()[0].to_dict()
+    ranks = ("start_rank", "degree", "num_ranks", "recompute_layers", "sequence_ids")
+    return st.one_of(
+        st.just(json.dumps(base)),
+        mutated_json(base, ranks),
+        JSON_VALUES.map(json.dumps),
+        st.text(max_size=40),
+    )
+
+
+def run_plan_case(text: str) -> None:
+    """What `dcp-opt simulate` does with a plan file: parse, validate, simulate if valid."""
+    _, batch, cost = plan_fixture()
+    plan = Plan.from_json(text)
+    for check in (True, False):
+        if not validate(plan, batch, cost, check_fingerprint=check):
+            simulate(plan, batch, cost)
+    Plan.from_json(plan.to_json())  # what parses must round-trip
+
+
+# ---- lengths files -------------------------------------------------------------------------
+LINE_VALUES = st.one_of(
+    st.integers(-5, 5000).map(str),
+    st.sampled_from(["0", "-1", "1e5", "0x10", "3.5", "nan", "inf", " ", "#x", "1_000", "+7"]),
+    st.sampled_from([10**18, 2**63, 10**19, 10**100, 10**400]).map(str),
+    st.just("9" * 5000),  # past Python's int-from-string digit limit
+    st.tuples(*[st.integers(-1, 100)] * 3).map(lambda t: ",".join(map(str, t))),
+    st.tuples(st.integers(1, 9), st.integers(1, 9)).map(lambda t: f"{t[0]},{t[1]}"),
+    st.text(max_size=6),
+)
+
+
+@st.composite
+def lengths_cases(draw) -> tuple[str, bytes]:
+    """(file suffix, file bytes)."""
+    suffix = draw(st.sampled_from([".txt", ".json", "", ".csv"]))
+    how = draw(st.sampled_from(["lines", "bytes", "json", "empty", "huge"]))
+    if how == "lines":
+        text = "\n".join(draw(st.lists(LINE_VALUES, min_size=1, max_size=8)))
+    elif how == "bytes":
+        return suffix, draw(st.binary(max_size=64))
+    elif how == "json":
+        text = json.dumps(
+            draw(
+                st.one_of(
+                    JSON_VALUES,
+                    st.lists(st.integers(-3, 10**6), max_size=6),
+                    st.lists(st.lists(st.integers(-1, 50), max_size=4), max_size=4),
+                    st.fixed_dictionaries({"sequences": JSON_VALUES}),
+                )
+            )
+        )
+    elif how == "empty":
+        text = draw(st.sampled_from(["", "\n\n", "# only a comment\n", "   ", "[]", "{}"]))
+    else:
+        text = draw(st.sampled_from(["1" + "0" * 300, "10" * 40, "[1e400]", "[" * 100_000]))
+    return suffix, text.encode()
+
+
+@cache
+def _default_cost(kind: str) -> CostModel:
+    model = model_preset("llama-1b" if kind == "1d" else "opensora-stdit3-xl")
+    return CostModel(model, cluster_preset("h200x8"))
+
+
+def run_lengths_case(case: tuple[str, bytes]) -> None:
+    suffix, data = case
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / f"lengths{suffix}"
+        p.write_bytes(data)
+        batch = load_batch(p)
+    lower_bound(batch, _default_cost(batch.kind))  # checks every sequence fits
+
+
+# ---- profile JSON --------------------------------------------------------------------------
+@cache
+def profile_base() -> dict | None:
+    try:
+        from dcp_opt.profile_io import Profile
+    except ImportError:  # profile I/O not built in this checkout
+        return None
+    from dcp_opt import flops_coefficients
+
+    model = model_preset("llama-1b")
+    prof = Profile(
+        coefficients=flops_coefficients(model, cluster_preset("h200x8")),
+        model=model,
+        device={"name": "fuzz"},
+        date="2026-01-01T00:00:00Z",
+    )
+    return prof.to_dict()
+
+
+def profile_cases() -> st.SearchStrategy[str]:
+    base = profile_base() or {}
+    keys = ("schema_version", "num_layers", "hidden", "quad", "lin", "group_size")
+    return st.one_of(st.just(json.dumps(base)), mutated_json(base, keys), st.text(max_size=40))
+
+
+def run_profile_case(text: str) -> None:
+    from dcp_opt.profile_io import cost_model_from_profile, load_profile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "p.profile.json"
+        p.write_text(text, errors="surrogatepass")
+        prof = load_profile(p)
+        cost = cost_model_from_profile(p, prof.model, cluster_preset("h200x8"))
+    batch = Batch.from_lengths([1, 4096, 65536])
+    lower_bound(batch, cost)
+    cost.microbatch_time(list(batch.sequences), 8, 0)
+
+
+# ---- CLI arguments -------------------------------------------------------------------------
+VALUE_POOLS: dict[str, list[str]] = {
+    "--cluster": ["h200x8", "h200x24", "a100x16", "nope", "h200x7", "h200x0", "h200x-8", ""],
+    "--model": ["llama-1b", "llama-7b", "opensora-stdit3-xl", "gpt-17", ""],
+    "--planner": ["bucket", "greedy", "static_tuned", "nope", ""],
+    "--planners": ["bucket", "bucket,greedy", "nope", "", ","],
+    "--workload": ["1d-short", "2d-long", "3d-short", "1d", ""],
+    "--workloads": ["1d-short", "2d-short", "bogus", ","],
+    "--tokens-per-gpu": ["1024", "1", "0", "-5", "x", "1e3"],
+    "--seed": ["0", "1", "-5", "x", str(2**70)],
+    "--batches": ["1", "0", "-1", "x"],
+    "--time-limit": ["0.5", "0", "-1", "nan", "inf", "x"],
+    "--workers": ["1", "0", "-2", "x"],
+    "--optimizer-sharding": ["zero1", "zero3", "zero9"],
+    "--dpi": ["50", "0", "-1", "x"],
+}
+COMMANDS = {
+    "plan": [
+        "--lengths",
+        "--workload",
+        "--cluster",
+        "--model",
+        "--planner",
+        "--seed",
+        "--tokens-per-gpu",
+        "--time-limit",
+        "--workers",
+        "--optimizer-sharding",
+        "--out",
+        "--json",
+    ],
+    "simulate": [
+        "PLAN",
+        "--lengths",
+        "--workload",
+        "--cluster",
+        "--model",
+        "--json",
+        "--ignore-fingerprint",
+        "--tokens-per-gpu",
+    ],
+    "bench": [
+        "--cluster",
+        "--workloads",
+        "--planners",
+        "--batches",
+        "--seed",
+        "--json",
+        "--time-limit",
+        "--strict",
+    ],
+    "show": ["PLAN", "--lengths", "--cluster", "--model", "--out", "--dpi", "--ignore-fingerprint"],
+}
+FLAGS = ("--ignore-fingerprint", "--strict", "--no-progress")
+
+
+@cache
+def cli_files() -> dict[str, str]:
+    """Fixture files the CLI cases point at: a good batch and plan for it, a fuzzed plan,
+    bad lengths, a directory (unwritable as a file), and a path that does not exist."""
+    d = Path(tempfile.mkdtemp(prefix="dcp_fuzz_"))
+    lengths = d / "lengths.txt"
+    lengths.write_text("4096\n65536\n128\n")
+    from dcp_opt.solvers import get_planner
+
+    batch = load_batch(lengths)
+    cost = CostModel(model_preset("llama-7b"), cluster_preset("h200x8"))
+    plan = get_planner("bucket")(batch, cost, seed=0).plan
+    (d / "plan.json").write_text(plan.to_json())
+    (d / "bad_plan.json").write_text(plan.to_json()[:50])
+    (d / "bad_lengths.txt").write_text("12\n-3\n")
+    (d / "out").mkdir()
+    return {
+        "lengths": str(lengths),
+        "plan": str(d / "plan.json"),
+        "bad_plan": str(d / "bad_plan.json"),
+        "bad_lengths": str(d / "bad_lengths.txt"),
+        "dir": str(d / "out"),
+        "missing": str(d / "missing.txt"),
+        "out_file": str(d / "out" / "result.json"),
+        "png": str(d / "out" / "plan.png"),
+    }
+
+
+@st.composite
+def cli_cases(draw) -> list[str]:
+    files = cli_files()
+    cmd = draw(st.sampled_from([*COMMANDS, "nope", ""]))
+    argv = [cmd] if cmd else []
+    # bench and plan default to big workloads: keep them small unless the case drops it
+    if cmd == "bench":
+        argv += ["--no-progress", "--tokens-per-gpu", "1024", "--batches", "1"]
+        argv += ["--workloads", "1d-short", "--planners", "bucket"]
+    if cmd in ("plan", "simulate", "show") and draw(st.booleans()):
+        argv += ["--tokens-per-gpu", "1024"]
+    options = COMMANDS.get(cmd, [])
+    for opt in draw(st.lists(st.sampled_from(options), max_size=5, unique=True)) if options else []:
+        if opt == "PLAN":
+            argv.insert(1, files[draw(st.sampled_from(["plan", "bad_plan", "missing", "dir"]))])
+        elif opt in FLAGS:
+            argv.append(opt)
+        elif opt == "--lengths":
+            argv += [
+                opt,
+                files[draw(st.sampled_from(["lengths", "bad_lengths", "missing", "dir"]))],
+            ]
+        elif opt in ("--out", "--json"):
+            key = draw(st.sampled_from(["out_file", "dir", "png"]))
+            argv += [opt, files[key]]
+        else:
+            argv += [opt, draw(st.sampled_from(VALUE_POOLS[opt]))]
+    if draw(st.integers(0, 4)) == 0:  # junk: an unknown flag, a stray word, a lone flag
+        junk = draw(st.sampled_from(["--nope", "stray", "--cluster", "-x", "--", "--help"]))
+        argv.insert(draw(st.integers(0, len(argv))), junk)
+    return argv
+
+
+def run_cli_case(argv: list[str]) -> None:
+    """main(argv) must return 0/1/2 or exit via argparse; exit 2 comes with one error line."""
+    from dcp_opt.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse --help (0) or a usage error
+            rc = e.code if isinstance(e.code, int) else 2
+    text = err.getvalue()
+    if "Traceback" in text:
+        raise AssertionError(f"traceback on stderr: {text[-300:]}")
+    if rc not in (0, 1, 2):
+        raise AssertionError(f"exit code {rc!r}")
+    if rc == 2:
+        lines = [x for x in text.splitlines() if x.strip()]
+        if not lines or not any(x.startswith(("dcp-opt: error:", "usage:")) for x in lines):
+            raise AssertionError(f"exit 2 without an error line: {text[-300:]!r}")
+        raise DcpOptError(lines[-1])  # counted as a clear rejection
+
+
+def _available(name: str) -> bool:
+    if name == "profile_json":
+        return profile_base() is not None
+    if name == "cli_args":
+        try:
+            import dcp_opt.cli  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+ALL_TARGETS = {
+    "plan_json": (plan_cases, run_plan_case),
+    "lengths_file": (lengths_cases, run_lengths_case),
+    "profile_json": (profile_cases, run_profile_case),
+    "cli_args": (cli_cases, run_cli_case),
+}
+TARGETS = {k: v for k, v in ALL_TARGETS.items() if _available(k)}
