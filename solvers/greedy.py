@@ -51,6 +51,7 @@ class Instance:
     degrees: np.ndarray  # (D,) allowed degrees
     time: np.ndarray  # (n, D) seconds alone at r_min; inf where it does not fit
     marginal: np.ndarray  # (n, D) the same less every per-micro-batch constant
+    feats: np.ndarray  # (n, F) additive features (cost.py)
     r_min: np.ndarray  # (n, D)
     tokens: np.ndarray  # (n,)
     const: np.ndarray  # (D,) per-micro-batch constant shared by packed sequences
@@ -76,6 +77,7 @@ def make_instance(batch: Batch, cost: CostModel) -> Instance:
         degrees=deg,
         time=tab.time,
         marginal=tab.time_marginal,
+        feats=tab.feats,
         r_min=tab.r_min,
         tokens=tab.tokens,
         const=const,
@@ -416,14 +418,16 @@ def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     return safe_draft(inst, cluster)
 
 
-def candidates(inst: Instance, cluster) -> list[Draft]:
+def candidates(inst: Instance, cluster, local: bool = True) -> list[Draft]:
     """Drafts, best first: split into blocks on large clusters, else the full search."""
-    from .greedy_blocks import search_blocks  # noqa: PLC0415 (it imports this module)
+    from .greedy_blocks import search_blocks  # noqa: PLC0415 (both import this module)
+    from .greedy_local import improve  # noqa: PLC0415
 
     big = search_blocks(inst, cluster)
     if big is not None:
         return [big, safe_draft(inst, cluster)]
-    return search(inst, cluster)
+    drafts = search(inst, cluster)
+    return [improve(inst, cluster, drafts[0]), *drafts] if local else drafts
 
 
 def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> PlanResult:

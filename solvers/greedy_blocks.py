@@ -51,6 +51,7 @@ def sub_instance(inst: Instance, rows: np.ndarray, b: int) -> Instance:
         degrees=deg,
         time=time,
         marginal=marg,
+        feats=inst.feats[rows],
         r_min=inst.r_min[np.ix_(rows, cols)],
         tokens=inst.tokens[rows],
         const=inst.const[cols],
