@@ -30,6 +30,13 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """A GitHub markdown table (for notebooks: display(Markdown(...)))."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def recommendation(doc: dict) -> list[str]:
     """Plain sentences: the best planner, its speedup, the degrees to provision, memory."""
     best = doc["best_planner"]
