@@ -50,7 +50,7 @@ class Grid:
     pack: tuple[int, ...] = (1, 2, 4)
     max_tokens: int = 1024
     frames: tuple[int, ...] = (1, 2, 4, 8, 16)
-    spatial: tuple[tuple[int, int], ...] = ((4, 4), (6, 6), (8, 8), (12, 12))
+    spatial: tuple[tuple[int, int], ...] = ((4, 4), (8, 8), (12, 12))
     pack_2d: tuple[int, ...] = (1, 2)
     max_tokens_2d: int = 2304
 
@@ -79,6 +79,7 @@ class ProfileConfig:
     warmup: int = 1
     repeats: int = 3
     passes: int = 2  # sweeps over the grid; a slow spell of a shared machine hits every point
+    min_time_s: float = 0.05  # per point and pass: small points repeat until this is timed
     num_threads: int | None = 1  # pin intra-op threads: CPU timing noise drops a lot
     holdout_fraction: float = 0.25
     seed: int = 0
@@ -182,12 +183,15 @@ class SavedBytes:
         self.seen: set[int] = set()
         self.total = 0
 
-    def _pack(self, t: torch.Tensor):
+    def include(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
         ptr = st.data_ptr()
         if ptr not in self.exclude and ptr not in self.seen:
             self.seen.add(ptr)
             self.total += st.nbytes()
+
+    def _pack(self, t: torch.Tensor):
+        self.include(t)
         return t
 
     def __enter__(self):
@@ -208,8 +212,21 @@ def _block_forward(block: BlockUnderTest, inputs: list[tuple], recompute: bool):
     ]
 
 
-def _input_bytes(inputs: list[tuple]) -> int:
-    return sum(args[0].untyped_storage().nbytes() for args in inputs)
+MAX_REPEATS = 64
+
+
+def _time_runs(run_once, clock, *, warmup: int, repeats: int, min_time_s: float):
+    """(fwd samples, bwd samples): `warmup` untimed runs, then at least `repeats` timed ones
+    and more until `min_time_s` of forward + backward is timed (as timeit's autorange), so
+    millisecond-sized points get enough samples for a stable median."""
+    fwd, bwd = [], []
+    for _ in range(warmup):
+        run_once()
+    while len(fwd) < MAX_REPEATS and (len(fwd) < repeats or sum(fwd) + sum(bwd) < min_time_s):
+        a, b, c, d = run_once()
+        fwd.append(clock.seconds(a, b))
+        bwd.append(clock.seconds(c, d))
+    return tuple(fwd), tuple(bwd)
 
 
 def measure_block(
@@ -221,11 +238,12 @@ def measure_block(
     warmup: int,
     repeats: int,
     dtype,
+    min_time_s: float = 0.0,
 ) -> Point:
     params = list(block.module.parameters())
     dev = clock.device
-    fwd, bwd = [], []
-    for i in range(warmup + repeats):
+
+    def run_once():
         inputs = block.make_inputs(shapes, dtype=dtype, device=dev)
         a = clock.mark()
         outs = _block_forward(block, inputs, recompute)
@@ -234,51 +252,57 @@ def measure_block(
         c = clock.mark()
         torch.autograd.backward(outs, grads)
         d = clock.mark()
-        if i >= warmup:
-            fwd.append(clock.seconds(a, b))
-            bwd.append(clock.seconds(c, d))
         block.module.zero_grad(set_to_none=True)
+        return a, b, c, d
+
+    fwd, bwd = _time_runs(run_once, clock, warmup=warmup, repeats=repeats, min_time_s=min_time_s)
     inputs = block.make_inputs(shapes, dtype=dtype, device=dev)
-    with clock.memory_run() as box, SavedBytes(params) as saved:
-        outs = _block_forward(block, inputs, recompute)
+    with clock.memory_run() as box:
+        with SavedBytes(params) as saved:  # what the forward keeps for backward
+            outs = _block_forward(block, inputs, recompute)
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     block.module.zero_grad(set_to_none=True)
-    kept = _input_bytes(inputs) if recompute else 0
+    if recompute:  # the checkpoint keeps its inputs (counted once if the hook saw them)
+        for args in inputs:
+            saved.include(args[0])
     return Point(
         block.block_type,
         tuple(tuple(int(v) for v in s) for s in shapes),
         recompute,
-        tuple(fwd),
-        tuple(bwd),
-        float(saved.total + kept),
+        fwd,
+        bwd,
+        float(saved.total),
         None if box is None else box["peak"],
     )
 
 
-def measure_head(head: HeadUnderTest, num_tokens: int, *, clock, warmup, repeats, dtype) -> Point:
+def measure_head(
+    head: HeadUnderTest,
+    num_tokens: int,
+    *,
+    clock,
+    warmup: int,
+    repeats: int,
+    dtype,
+    min_time_s: float = 0.0,
+) -> Point:
     params = list(head.module.parameters())
-    fwd, bwd = [], []
-    for i in range(warmup + repeats + 1):
+
+    def run_once():
         inputs = head.make_inputs(num_tokens, dtype=dtype, device=clock.device)
-        meter = SavedBytes(params) if i == warmup + repeats else contextlib.nullcontext()
-        with meter:
-            a = clock.mark()
-            loss = head.loss(inputs)
-            b = clock.mark()
-            loss.backward()
-            c = clock.mark()
-        if warmup <= i < warmup + repeats:
-            fwd.append(clock.seconds(a, b))
-            bwd.append(clock.seconds(b, c))
+        a = clock.mark()
+        loss = head.loss(inputs)
+        b = clock.mark()
+        loss.backward()
+        c = clock.mark()
         head.module.zero_grad(set_to_none=True)
-    return Point(
-        "head",
-        ((num_tokens,),),
-        False,
-        tuple(fwd),
-        tuple(bwd),
-        float(meter.total),
-    )
+        return a, b, b, c
+
+    fwd, bwd = _time_runs(run_once, clock, warmup=warmup, repeats=repeats, min_time_s=min_time_s)
+    with SavedBytes(params) as saved:
+        head.loss(head.make_inputs(num_tokens, dtype=dtype, device=clock.device)).backward()
+    head.module.zero_grad(set_to_none=True)
+    return Point("head", ((num_tokens,),), False, fwd, bwd, float(saved.total))
 
 
 # ---- cache -----------------------------------------------------------------------------------
@@ -349,7 +373,10 @@ def measure_all(
         torch.set_num_threads(config.num_threads)
     ctx = json.dumps(
         device_info(clock, dtype, config.num_threads)
-        | {"sig": target.signature, "timing": [config.warmup, config.repeats, config.passes]},
+        | {
+            "sig": target.signature,
+            "timing": [config.warmup, config.repeats, config.passes, config.min_time_s],
+        },
         sort_keys=True,
     )
     cache = PointCache(cache_path, ctx)
@@ -363,7 +390,13 @@ def measure_all(
         jobs += [("head", ((n,),), False) for n in config.grid.head_tokens()]
     done = {j: cache.get(cache.key(*j)) for j in jobs}
     todo = [j for j in jobs if done[j] is None]
-    kw = dict(clock=clock, warmup=config.warmup, repeats=config.repeats, dtype=dtype)
+    kw = dict(
+        clock=clock,
+        warmup=config.warmup,
+        repeats=config.repeats,
+        dtype=dtype,
+        min_time_s=config.min_time_s,
+    )
     with _progress(progress, len(todo) * config.passes) as advance:
         for _ in range(config.passes):
             for job in todo:

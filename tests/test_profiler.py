@@ -1,0 +1,278 @@
+"""The torch profiler (dcp_opt.runtime.profiler): measurement, memory accounting, caching,
+the CUDA path (with fake torch.cuda functions: no GPU here), and end to end to a CostModel."""
+
+import contextlib
+import json
+import warnings
+
+import pytest
+import torch
+from dcp_opt.runtime import profiler as P
+from dcp_opt.runtime.profile_blocks import ProfileTarget, per_segment_attention
+from torch import nn
+
+from dcp_opt import Batch, ModelSpec, cluster_preset
+from dcp_opt.fit import block_features
+from dcp_opt.profile_io import cost_model_from_profile, save_profile
+
+H = 8  # hidden of the tiny blocks
+# Known per-layer coefficients the fake-clock block "costs" (seconds):
+FWD = dict(quad=1e-6, lin=2e-4, seq=3e-3, const=5e-3)
+BWD = dict(quad=2e-6, lin=4e-4, seq=1e-3, const=2e-3)
+
+
+class FakeClock:
+    """Time advances only when the block says so: a noiseless device."""
+
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.t = 0.0
+
+    def mark(self):
+        return self.t
+
+    def seconds(self, a, b):
+        return b - a
+
+    def memory_run(self):
+        return contextlib.nullcontext(None)
+
+
+class _Charge(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, clock, fwd_s, bwd_s):
+        clock.t += fwd_s
+        ctx.clock, ctx.bwd_s = clock, bwd_s
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.clock.t += ctx.bwd_s
+        return g, None, None, None
+
+
+class ScaleExp(nn.Module):
+    """y = exp(x * w): autograd saves x (for dw) and exp's result -> 2 * T * H * 4 bytes of
+    activations (w is a parameter and is not counted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((H,), 0.1))
+
+    def forward(self, x):
+        return torch.exp(x * self.w)
+
+
+class ChargedBlock:
+    """A 1D block behind the profiler's protocol whose time on FakeClock is known exactly."""
+
+    block_type = "layer"
+
+    def __init__(self, clock):
+        self.clock, self.module = clock, ScaleExp()
+
+    def make_inputs(self, shapes, *, dtype, device):
+        t = sum(s[0] for s in shapes)
+        return [(torch.randn(t, H, dtype=dtype).requires_grad_(True), tuple(shapes))]
+
+    def forward(self, inputs):
+        out = []
+        for x, shapes in inputs:
+            q, t, s = block_features("layer", shapes)
+            f = FWD["quad"] * q + FWD["lin"] * t + FWD["seq"] * s + FWD["const"]
+            b = BWD["quad"] * q + BWD["lin"] * t + BWD["seq"] * s + BWD["const"]
+            out.append(self.module(_Charge.apply(x, self.clock, f, b)))  # charged first,
+            # so that the checkpoint's recompute (which stops early after the last saved
+            # tensor) runs it again
+        return out
+
+
+SPEC = ModelSpec("fake", "1d", 12, H, 2, 16, vocab_size=0, dtype_bytes=4)
+SMALL = P.ProfileConfig(
+    grid=P.Grid(lengths=(16, 32, 64, 128), pack=(1, 2, 4), max_tokens=256),
+    warmup=0,
+    repeats=1,
+    passes=1,
+    min_time_s=0.0,
+    num_threads=None,
+)
+
+
+def test_fake_clock_profile_recovers_coefficients_end_to_end(tmp_path):
+    clock = FakeClock()
+    target = ProfileTarget(SPEC, {"layer": ChargedBlock(clock)}, signature="fake")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a noiseless device must not give a poor-fit warning
+        prof = P.profile_model(target, SMALL, clock=clock, progress=False)
+    got = prof.coefficients.blocks["layer"]
+    for k, v in FWD.items():
+        assert getattr(got.fwd, k) == pytest.approx(v, rel=1e-6), k
+    for k, v in BWD.items():
+        assert getattr(got.bwd, k) == pytest.approx(v, rel=1e-6), k
+    rep = prof.fit["layer"]
+    assert rep["fwd"]["median_rel_err_test"] < 1e-9 and rep["fwd"]["n_test"] == 3  # 11 points
+    # Recompute runs the forward once more in backward: measured ratio exactly 1.
+    assert rep["recompute_extra_forward_ratio"] == pytest.approx(1.0)
+    # Memory: exp(x*w) saves x and y -> 2 * 8 * 4 = 64 B per token; checkpoint keeps x: 32.
+    assert prof.coefficients.act_bytes_per_token_layer == pytest.approx(64)
+    assert prof.coefficients.ckpt_bytes_per_token_layer == pytest.approx(32)
+    # The saved profile drives a CostModel; one 100-token sequence, degree 1, no recompute:
+    # 12 layers x (fwd + bwd) = 12 * (0.01 + 0.02 + 0.003 + 0.005 + 0.02 + 0.04 + 0.001
+    # + 0.002) = 12 * 0.101 = 1.212 s (head and overhead are 0: no head measured).
+    path = save_profile(prof, tmp_path / "fake.json")
+    cost = cost_model_from_profile(path, SPEC, cluster_preset("h200x8"))
+    t = cost.microbatch_time(list(Batch.from_lengths([100]).sequences), 1)
+    assert t.total_s == pytest.approx(1.212, rel=1e-6)
+
+
+def test_cache_skips_measured_points(tmp_path):
+    clock = FakeClock()
+    block = ChargedBlock(clock)
+    calls = []
+    orig = block.forward
+    block.forward = lambda inputs: calls.append(1) or orig(inputs)
+    target = ProfileTarget(SPEC, {"layer": block}, signature="fake")
+    cache = tmp_path / "points.json"
+    first = P.measure_all(target, SMALL, clock=clock, cache_path=cache, progress=False)
+    n = len(calls)
+    assert n > 0 and cache.exists()
+    again = P.measure_all(target, SMALL, clock=clock, cache_path=cache, progress=False)
+    assert len(calls) == n  # nothing measured the second time
+    assert [p.fwd_s for p in again] == [p.fwd_s for p in first]
+    other = ProfileTarget(SPEC, {"layer": block}, signature="changed block")
+    P.measure_all(other, SMALL, clock=clock, cache_path=cache, progress=False)
+    assert len(calls) > n  # a new signature is a cache miss
+
+
+def test_saved_bytes_counts_each_storage_once_and_skips_parameters():
+    lin = nn.Linear(4, 4, bias=False)
+    x = torch.randn(10, 4, requires_grad=True)
+    with P.SavedBytes(list(lin.parameters())) as sb:
+        y = lin(x)
+        z = y * y  # saves y twice (both operands): counted once
+    # linear saves x (10*4*4 = 160 B) and its weight (excluded); y*y saves y (160 B)
+    assert sb.total == 160 + 160
+    z.sum().backward()
+
+
+def test_adaptive_repeats_reach_min_time():
+    clock = FakeClock()
+    target_block = ChargedBlock(clock)
+    p = P.measure_block(
+        target_block,
+        ((16,),),
+        recompute=False,
+        clock=clock,
+        warmup=0,
+        repeats=2,
+        dtype=torch.float32,
+        min_time_s=0.2,
+    )
+    # one run = fwd 0.256+3.2+3+5 ms... : fwd(16) = 16^2e-6 + 16*2e-4 + 3e-3 + 5e-3 = 0.011456,
+    # bwd = 0.000512 + 0.0064 + 0.001 + 0.002 = 0.009912; sum 0.021368 -> 10 runs reach 0.2 s
+    assert len(p.fwd_samples) == 10
+
+
+class _FakeEvent:
+    log: list = []
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.t = None
+
+    def record(self):
+        self.t = len(_FakeEvent.log) * 2.5  # milliseconds
+        _FakeEvent.log.append(self)
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_cuda_clock_path_with_fake_cuda(monkeypatch):
+    """The CUDA code path on a CPU machine: torch.cuda functions replaced by fakes."""
+    mem = {"alloc": 1000, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: mem.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: mem["alloc"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: mem["peak"])
+    clock = P.CudaClock("cpu")  # events are fake; tensors stay on the CPU
+    a, b = clock.mark(), clock.mark()
+    assert clock.seconds(a, b) == pytest.approx(2.5e-3)  # 2.5 ms between two records
+    with clock.memory_run() as box:
+        mem["peak"] = 5000
+    assert box["peak"] == 4000  # peak 5000 minus the 1000 allocated before
+    block = ChargedBlock(FakeClock())
+    p = P.measure_block(
+        block, ((16,),), recompute=False, clock=clock, warmup=1, repeats=3, dtype=torch.float32
+    )
+    assert p.fwd_samples == pytest.approx((2.5e-3,) * 3)  # marks a,b,c,d: 2.5 ms apart
+    assert p.peak_bytes == 0 - 1000  # the fake allocator's peak was reset to 0
+    assert p.saved_bytes == 16 * H * 4 * 2
+
+
+def test_per_segment_attention_matches_the_runtime_kernel():
+    from dcp_opt.runtime.attention import segment_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(10, 2, 4, dtype=torch.float64, generator=g) for _ in range(3))
+    seg = torch.tensor([0] * 3 + [1] * 5 + [2] * 2)
+    got = per_segment_attention(q, k, v, segments=seg)
+    want = segment_attention(q, k, v, segments=seg)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_runtime_model_adapters_measure():
+    from dcp_opt.runtime.models import DiTConfig, LMConfig
+    from dcp_opt.runtime.profile_blocks import dit_target, lm_target
+
+    lm = lm_target(LMConfig(), attention="per_segment")
+    p = P.measure_block(
+        lm.blocks["layer"],
+        ((5,), (7,)),
+        recompute=True,
+        clock=P.CpuClock(),
+        warmup=0,
+        repeats=1,
+        dtype=torch.float32,
+    )
+    assert p.fwd_s > 0 and p.tokens == 12
+    # the checkpoint keeps the block's inputs only: h, 12 tokens x hidden 16 x 4 B = 768 B,
+    # plus positions and segment ids, 12 x int64 each = 192 B
+    assert p.saved_bytes == 12 * 16 * 4 + 2 * 12 * 8
+    head = P.measure_head(lm.head, 12, clock=P.CpuClock(), warmup=0, repeats=1, dtype=torch.float32)
+    assert head.bwd_s > 0 and head.saved_bytes > 0
+    dit = dit_target(DiTConfig())
+    assert dit.model.block_types == ("spatial", "temporal")
+    inputs = dit.blocks["temporal"].make_inputs(
+        [(3, 2, 2), (1, 2, 2)], dtype=torch.float32, device="cpu"
+    )
+    assert [x.shape for x, _ in inputs] == [(4, 3, 16), (4, 1, 16)]  # rows = spatial, cols = F
+    with pytest.raises(ValueError, match="attention"):
+        lm_target(LMConfig(), attention="flash3")
+
+
+def test_profile_target_needs_every_block_type():
+    spec2d = ModelSpec("v", "2d", 2, H, 2, 16, causal=False)
+    with pytest.raises(ValueError, match=r"missing block types \['temporal'\]"):
+        ProfileTarget(spec2d, {"spatial": ChargedBlock(FakeClock())})
+
+
+def test_cpu_clock_modes():
+    assert P.CpuClock().mode == "thread"
+    with pytest.raises(ValueError, match="clock mode"):
+        P.CpuClock("gpu")
+
+
+def test_profile_json_records_method_and_device(tmp_path):
+    clock = FakeClock()
+    target = ProfileTarget(SPEC, {"layer": ChargedBlock(clock)}, signature="fake")
+    prof = P.profile_model(target, SMALL, clock=clock, progress=False)
+    d = json.loads(save_profile(prof, tmp_path / "p.json").read_text())
+    assert d["device"]["type"] == "cpu" and d["device"]["torch"] == torch.__version__
+    assert "saved_tensors_hooks" in d["method"]["memory"]
+    assert d["method"]["extrapolation"].endswith("x12 layers")
