@@ -5,6 +5,7 @@
     dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.gantt)
     dcp-opt bench     every planner on every standard workload (dcp_opt.bench)
     dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.whatif)
+    dcp-opt profile   measure the model on this device, fit the cost model (dcp_opt.profile_cli)
 
 Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
 fits nowhere) prints one line `dcp-opt: error: <message>` on stderr and exits 2. An invalid
@@ -33,6 +34,7 @@ from .cost import SHARDING_MODES, CostModel
 from .errors import DcpOptError
 from .model import model_preset
 from .plan import Plan
+from .profile_cli import add_profile_parser
 from .simulate import SimResult, simulate
 from .validate import validate
 from .workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
@@ -439,7 +441,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 # ---- entry point -------------------------------------------------------------------------------
 # One registration function per subcommand; `whatif` (issue 6) adds its own here.
-COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench, _add_whatif)
+COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench, _add_whatif, add_profile_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:

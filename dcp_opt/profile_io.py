@@ -193,14 +193,16 @@ def cost_model_from_profile(
 ) -> CostModel:
     """`CostModel.from_profile`: a CostModel whose coefficients come from a profile file.
 
-    With `use_measured_a2a`, the cluster's intra-node bandwidth and latency are replaced by
-    the profile's all-to-all measurement of the largest group size (the only link measured).
+    With `use_measured_a2a`, the cluster's intra-node bandwidth and per-peer latency are
+    replaced by the profile's all-to-all measurement of its largest group size.
     """
     prof = load_profile(path, model=model)
     if use_measured_a2a and prof.a2a:
         a = max(prof.a2a, key=lambda m: m.group_size)
+        # CostModel charges latency per peer, (d - 1) per call; the measurement is per call.
         cluster = cluster.with_(
-            intra_node_bw=a.bandwidth_bytes_per_s, intra_node_latency_s=a.latency_s
+            intra_node_bw=a.bandwidth_bytes_per_s,
+            intra_node_latency_s=a.latency_s / (a.group_size - 1),
         )
     return CostModel(model, cluster, prof.coefficients, **cost_kw)
 

@@ -111,10 +111,13 @@ def measure_all_to_all(
     import torch.distributed as dist
 
     d = dist.get_world_size(group)
+    dev = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
     xs, ys = [], []
     for nbytes in sizes_bytes:
         n = max(d, nbytes // 4 // d * d)
-        send, recv = torch.ones(n), torch.empty(n)
+        send, recv = torch.ones(n, device=dev), torch.empty(n, device=dev)
         times = []
         for i in range(repeats + 1):
             dist.barrier(group=group)
@@ -126,6 +129,63 @@ def measure_all_to_all(
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # the group waits for the slowest
         xs.append([1.0, n * 4 * (d - 1) / d])
         ys.append(float(t))
-    fit = fit_nonneg(xs, ys, ("latency", "inv_bw"), label=f"a2a[{d}]", holdout_fraction=0.0)
+    fit = fit_nonneg(
+        xs,
+        ys,
+        ("latency", "inv_bw"),
+        label=f"a2a[{d}]",
+        holdout_fraction=0.0,
+        warn=dist.get_rank(group) == 0,
+    )
     inv_bw = max(fit.coef[1], 1e-15)
     return A2AMeasurement(d, 1.0 / inv_bw, fit.coef[0])
+
+
+def _a2a_worker(rank: int, world: int, port: int, sizes, queue) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        torch.set_num_threads(1)
+        out = []
+        for d in sizes:
+            group = dist.new_group(list(range(d)))  # every rank creates every group
+            if rank < d:
+                m = measure_all_to_all(group)
+                if rank == 0:
+                    out.append(m)
+        if rank == 0:
+            queue.put(out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_a2a_local(world: int, *, timeout_s: float = 120.0) -> tuple[A2AMeasurement, ...]:
+    """Spawn `world` gloo processes on this host; all-to-all of every group size 2..world."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if world < 2:
+        return ()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    sizes = [d for d in (2, 4, 8, 16, 32, 64) if d < world] + [world]
+    procs = [
+        ctx.Process(target=_a2a_worker, args=(r, world, port, sizes, queue)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        return tuple(queue.get(timeout=timeout_s))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()

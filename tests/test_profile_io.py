@@ -50,7 +50,8 @@ def test_cost_model_from_profile_uses_the_coefficients(tmp_path):
     cost = cost_model_from_profile(p, LLAMA, CLUSTER)
     assert cost.coeffs == _profile().coefficients
     assert cost.coeffs.source == "profile"
-    # With the measured a2a: the cluster's intra-node link becomes 1.5 GB/s, latency 0.1 ms.
+    # With the measured a2a (group of 2): intra-node link 1.5 GB/s, latency 0.1 ms per call
+    # = 0.1 ms per peer (d - 1 = 1 peer).
     cost2 = cost_model_from_profile(p, LLAMA, CLUSTER, use_measured_a2a=True)
     assert cost2.cluster.intra_node_bw == 1.5e9 and cost2.cluster.intra_node_latency_s == 1e-4
     assert isinstance(cost2, CostModel)

@@ -276,3 +276,35 @@ def test_profile_json_records_method_and_device(tmp_path):
     assert d["device"]["type"] == "cpu" and d["device"]["torch"] == torch.__version__
     assert "saved_tensors_hooks" in d["method"]["memory"]
     assert d["method"]["extrapolation"].endswith("x12 layers")
+
+
+# ---- dcp-opt profile ---------------------------------------------------------------------
+def test_cli_refuses_to_overwrite_before_measuring(tmp_path, capsys):
+    from dcp_opt.cli import main
+
+    out = tmp_path / "p.json"
+    out.write_text("{}")
+    assert main(["profile", "-o", str(out), "--quick"]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert out.read_text() == "{}"  # untouched
+    assert main(["profile", "-o", str(tmp_path / "q.json"), "--heads", "3"]) == 2
+    assert "--heads: must divide --hidden=256" in capsys.readouterr().err
+
+
+def test_cli_profiles_writes_and_loads(tmp_path, capsys):
+    from dcp_opt.runtime.models import LMConfig
+    from dcp_opt.runtime.profile_blocks import lm_spec
+
+    from dcp_opt.cli import main
+    from dcp_opt.profile_io import load_profile
+
+    out = tmp_path / "p.json"
+    argv = ["profile", "-o", str(out), "--quick", "--no-progress", "--json"]
+    argv += ["--hidden", "16", "--ffn", "32", "--heads", "2", "--layers", "3"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fit"]["layer"]["fwd"]["n_train"] >= 4
+    spec = lm_spec(LMConfig(vocab_size=512, hidden=16, num_heads=2, num_layers=3, ffn_hidden=32))
+    prof = load_profile(out, model=spec)  # the file is for exactly this model
+    assert prof.coefficients.source == "profile" and prof.model.num_layers == 3
+    assert (tmp_path / "p.json.points.json").exists()

@@ -1,0 +1,167 @@
+"""`dcp-opt profile`: measure a model's blocks on this device, fit, write a profile JSON.
+
+    dcp-opt profile --target tiny-lm -o tiny-lm.profile.json [--force] [--a2a-world 2]
+
+The profile loads with `dcp_opt.profile_io.cost_model_from_profile(path, model, cluster)`.
+Measured points are cached (default: `<output>.points.json`), so a re-run after a crash or
+with a wider grid measures only the new points. An existing profile is never replaced
+without `--force`, and that is checked before anything is measured.
+
+Torch is imported only when the command runs (`import dcp_opt` stays torch-free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+from .errors import DcpOptError
+
+TARGETS = ("tiny-lm", "tiny-dit")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure the model on this device and fit the cost model")
+    p.add_argument("--target", default="tiny-lm", choices=TARGETS, help="model to profile")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="profile JSON to write")
+    p.add_argument("--force", action="store_true", help="overwrite an existing profile")
+    p.add_argument("--cache", metavar="FILE", help="point cache (default <output>.points.json)")
+    p.add_argument("--no-cache", action="store_true", help="measure every point again")
+    p.add_argument("--layers", type=int, default=4, help="depth of the full model (default 4)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument(
+        "--attention",
+        default="per_segment",
+        choices=("per_segment", "runtime"),
+        help="1D kernel: block-diagonal per sequence (default) or the runtime's masked one",
+    )
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
+    p.add_argument("--a2a-world", type=int, default=0, help="measure local gloo all-to-all")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    p.set_defaults(func=cmd_profile)
+
+
+def _check_output(args: argparse.Namespace) -> Path:
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise DcpOptError(f"output {str(out)!r}: exists; pass --force to overwrite")
+    if out.is_dir():
+        raise DcpOptError(f"output {str(out)!r}: is a directory")
+    return out
+
+
+def _target(args: argparse.Namespace):
+    import torch
+
+    from dcp_opt.runtime.models import DiTConfig, LMConfig
+    from dcp_opt.runtime.profile_blocks import dit_target, lm_target
+
+    for field in ("layers", "hidden", "heads", "ffn"):
+        if getattr(args, field) < 1:
+            raise DcpOptError(f"--{field}: must be >= 1, got {getattr(args, field)}")
+    if args.hidden % args.heads:
+        raise DcpOptError(f"--heads: must divide --hidden={args.hidden}, got {args.heads}")
+    dtype = getattr(torch, args.dtype)
+    common = dict(hidden=args.hidden, num_heads=args.heads, num_layers=args.layers)
+    if args.target == "tiny-lm":
+        cfg = LMConfig(vocab_size=512, ffn_hidden=args.ffn, **common)
+        return lm_target(cfg, dtype=dtype, attention=args.attention), dtype
+    cfg = DiTConfig(ffn_hidden=args.ffn, **common)
+    return dit_target(cfg, dtype=dtype), dtype
+
+
+def _config(args: argparse.Namespace):
+    from dcp_opt.runtime.profiler import Grid, ProfileConfig
+
+    if args.threads < 1:
+        raise DcpOptError(f"--threads: must be >= 1, got {args.threads}")
+    grid = Grid()
+    if args.quick:
+        grid = Grid(
+            lengths=(32, 64, 128, 256),
+            pack=(1, 2, 4),
+            max_tokens=512,
+            frames=(1, 2, 4),
+            spatial=((2, 2), (4, 4)),
+        )
+    return ProfileConfig(grid=grid, num_threads=args.threads, passes=1 if args.quick else 2)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    out = _check_output(args)
+    import torch
+
+    from dcp_opt.profile_io import save_profile
+    from dcp_opt.runtime.profiler import CpuClock, CudaClock, profile_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+        raise DcpOptError(f"--device: {device!r} not available; allowed: cpu, cuda (with a GPU)")
+    target, dtype = _target(args)
+    clock = CudaClock() if device == "cuda" else CpuClock()
+    if device == "cuda":
+        for m in [*target.blocks.values(), target.head]:
+            if m is not None:
+                m.module.to("cuda")
+    cache = None if args.no_cache else (args.cache or str(out) + ".points.json")
+    a2a = ()
+    if args.a2a_world:
+        from dcp_opt.runtime.profile_fit import measure_a2a_local
+
+        a2a = measure_a2a_local(args.a2a_world)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        prof = profile_model(
+            target,
+            _config(args),
+            clock=clock,
+            dtype=dtype,
+            cache_path=cache,
+            progress=not args.no_progress,
+            a2a=a2a,
+        )
+    save_profile(prof, out, force=args.force)
+    _report(prof, out, [str(w.message) for w in caught], as_json=args.json)
+    return 0
+
+
+def _report(prof, out: Path, warns: list[str], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"output": str(out), "fit": prof.fit, "warnings": warns}, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"fit of {prof.model.name} on {prof.device['type']} ({out})")
+    for col in ("block", "part", "points (train/test)", "median rel. err", "max rel. err", "R^2"):
+        table.add_column(col)
+    for block, rep in prof.fit.items():
+        for part in ("fwd", "bwd"):
+            r = rep.get(part)
+            if not r:
+                continue
+            table.add_row(
+                block,
+                part,
+                f"{r['n_train']}/{r['n_test']}",
+                _pct(r["median_rel_err_test"]),
+                _pct(r["max_rel_err_test"]),
+                "-" if r["r2_test"] is None else f"{r['r2_test']:.3f}",
+            )
+    console = Console()
+    console.print(table)
+    for w in warns:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
