@@ -234,12 +234,14 @@ def _plot_memory(ax, doc: dict) -> None:
     ax.barh(y, fixed, color="#606060", label="model states + reserve")
     ax.barh(y, act, left=fixed, color="#8172B3", label="activations at peak")
     if rows:
-        ax.axvline(rows[0]["capacity_gb"], color="red", ls="--", label="usable capacity")
+        cap = rows[0]["capacity_gb"]
+        ax.axvline(cap, color="red", ls="--", label="usable capacity")
+        ax.set_xlim(0, cap * 1.5)  # room for the legend right of the capacity line
     ax.set_yticks(y, [r["planner"] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("peak memory of the fullest rank, worst batch (GB)")
     ax.set_title("memory headroom", fontsize=10)
-    ax.legend(fontsize=8, loc="lower left", framealpha=0.9)
+    ax.legend(fontsize=7, loc="center right")
 
 
 def _plot_sweep(ax, doc: dict, key: str) -> None:

@@ -31,6 +31,7 @@
 # Set `DCP_OPT_NB_SMALL=1` for a quick run (CI): shorter solver budgets.
 
 # %%
+# %matplotlib inline
 import os
 
 import numpy as np
