@@ -30,7 +30,8 @@ JSON document (`WHATIF_SCHEMA` = "dcp-opt-whatif/1"):
                reserve, on every rank), min_headroom (1 - max peak /
                capacity), recompute_share (median share of busy time spent recomputing)
     degrees    for the best planner, one row per SP degree used: degree, gpu_time_share,
-               sequence_share, token_share, min_tokens, max_tokens, recompute_fraction
+               sequence_share, token_share, min/median/max_tokens (per sequence sent
+               there; short ones may ride along, packed, with long ones), recompute_fraction
                (token-weighted share of layers recomputed)
     sweep_gpus       one row per GPU count: num_gpus, cluster, speedup {planner: {median,
                      p10, p90} or null}, note (e.g. a bin that does not fit)
@@ -260,13 +261,13 @@ def degree_rows(runs: list[tuple[Batch, Outcome]], cost: CostModel) -> list[dict
             tok = [batch.by_id[s].num_tokens for s in e.sequence_ids]
             a = agg.setdefault(
                 e.degree,
-                {"gpu_s": 0.0, "seqs": 0, "tokens": 0.0, "rec": 0.0, "lo": float("inf"), "hi": 0.0},
+                {"gpu_s": 0.0, "seqs": 0, "tokens": 0.0, "rec": 0.0, "each": []},
             )
             a["gpu_s"] += (e.end_s - e.start_s) * e.degree
             a["seqs"] += len(tok)
             a["tokens"] += sum(tok)
             a["rec"] += sum(tok) * e.recompute_layers / num_layers
-            a["lo"], a["hi"] = min(a["lo"], min(tok)), max(a["hi"], max(tok))
+            a["each"] += tok
     totals = {k: sum(a[k] for a in agg.values()) or 1.0 for k in ("gpu_s", "seqs", "tokens")}
     return [
         {
@@ -274,8 +275,9 @@ def degree_rows(runs: list[tuple[Batch, Outcome]], cost: CostModel) -> list[dict
             "gpu_time_share": a["gpu_s"] / totals["gpu_s"],
             "sequence_share": a["seqs"] / totals["seqs"],
             "token_share": a["tokens"] / totals["tokens"],
-            "min_tokens": a["lo"],
-            "max_tokens": a["hi"],
+            "min_tokens": min(a["each"]),
+            "median_tokens": float(np.median(a["each"])),
+            "max_tokens": max(a["each"]),
             "recompute_fraction": a["rec"] / max(a["tokens"], 1.0),
         }
         for d, a in sorted(agg.items())

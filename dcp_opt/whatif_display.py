@@ -53,7 +53,7 @@ def recommendation(doc: dict) -> list[str]:
     used = [d for d in doc["degrees"] if d["gpu_time_share"] >= 0.01]
     parts = [
         f"{d['degree']} ({d['gpu_time_share']:.0%} of GPU-time, {d['sequence_share']:.0%} of "
-        f"sequences, {_tokens(d['min_tokens'])}-{_tokens(d['max_tokens'])} tokens)"
+        f"sequences, median {_tokens(d['median_tokens'])} tokens)"
         for d in used
     ]
     out.append("SP degrees it uses: " + "; ".join(parts))
@@ -110,7 +110,8 @@ def _degree_table(doc: dict):
     from rich.table import Table
 
     t = Table(title=f"SP degrees used by {doc['best_planner']} (all batches)", title_justify="left")
-    for col in ("degree", "GPU-time", "sequences", "tokens", "sequence tokens", "recomputed"):
+    for col in ("degree", "GPU-time", "sequences", "tokens", "tokens per sequence (median)",
+                "recomputed"):  # fmt: skip
         t.add_column(col, justify="right")
     for d in doc["degrees"]:
         t.add_row(
@@ -118,7 +119,8 @@ def _degree_table(doc: dict):
             f"{d['gpu_time_share']:.1%}",
             f"{d['sequence_share']:.1%}",
             f"{d['token_share']:.1%}",
-            f"{_tokens(d['min_tokens'])}-{_tokens(d['max_tokens'])}",
+            f"{_tokens(d['min_tokens'])}-{_tokens(d['max_tokens'])} "
+            f"({_tokens(d['median_tokens'])})",
             f"{d['recompute_fraction']:.1%}",
         )
     return t

@@ -148,7 +148,12 @@ def test_degree_rows_by_hand():
     assert d1["sequence_share"] == pytest.approx(2 / 3) and d2["token_share"] == pytest.approx(
         8 / 12
     )
-    assert (d1["min_tokens"], d1["max_tokens"], d2["min_tokens"]) == (2, 2, 8)
+    assert (d1["min_tokens"], d1["median_tokens"], d1["max_tokens"], d2["min_tokens"]) == (
+        2,
+        2,
+        2,
+        8,
+    )
     # seq 0 recomputes 1 of the toy's 2 layers: half its layers; degree 1 recomputes none
     assert d2["recompute_fraction"] == pytest.approx(0.5) and d1["recompute_fraction"] == 0
 
