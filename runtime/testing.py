@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -79,7 +80,6 @@ def _worker(rank, world, port, commands, results, timeout_s):
             results.put((rank, "ok", fn(ctx, *args)))
         except Exception:
             results.put((rank, "error", traceback.format_exc()))
-    dist.destroy_process_group()
 
 
 class DistWorkers:
@@ -88,6 +88,7 @@ class DistWorkers:
     def __init__(self, world_size: int, *, timeout_s: float = 30.0):
         mpc = mp.get_context("spawn")
         self.world_size, self.timeout_s = world_size, timeout_s
+        self.errors: dict[int, str] = {}
         self.results = mpc.Queue()
         self.commands = [mpc.Queue() for _ in range(world_size)]
         port = _free_port()
@@ -104,19 +105,28 @@ class DistWorkers:
         self._collect(wait_s=120.0)
 
     def _collect(self, wait_s: float) -> list:
+        """One answer per rank; a rank whose process died counts as a failure."""
         out: dict[int, object] = {}
-        errors = []
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + wait_s
         while len(out) + len(errors) < self.world_size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers: no answer within {wait_s} s")
             try:
-                rank, status, value = self.results.get(timeout=wait_s)
+                rank, status, value = self.results.get(timeout=0.2)
             except queue.Empty:
-                raise TimeoutError(f"workers: no answer within {wait_s} s") from None
+                for r, p in enumerate(self.procs):
+                    if r not in out and r not in errors and not p.is_alive():
+                        errors[r] = f"process exited with code {p.exitcode}"
+                continue
             if status == "error":
-                errors.append(f"rank {rank}:\n{value}")
+                errors[rank] = value
             else:
                 out[rank] = value
         if errors:
-            raise RuntimeError("worker failure:\n" + "\n".join(errors))
+            self.errors = errors
+            detail = "\n".join(f"rank {r}:\n{e}" for r, e in sorted(errors.items()))
+            raise RuntimeError("worker failure:\n" + detail)
         return [out[r] for r in range(self.world_size)]
 
     def run(self, fn: Callable, *args, wait_s: float | None = None) -> list:
@@ -129,6 +139,8 @@ class DistWorkers:
         for q in self.commands:
             q.put(None)
         for p in self.procs:
-            p.join(timeout=10)
+            p.join(timeout=2)
+        for p in self.procs:  # a rank stuck in a broken group after a fault test
             if p.is_alive():
                 p.terminate()
+                p.join(timeout=5)

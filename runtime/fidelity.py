@@ -1,0 +1,98 @@
+"""Worker side of the fidelity benchmark (benchmarks/bench_fidelity.py): each rank builds the
+runtime's TinyLM, then executes plans with the runtime's executor and reports step and
+micro-batch times. Functions take a `runtime.testing.WorkerContext` first, as
+`DistWorkers.run` calls them; module globals hold the model between calls (one per process).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from dcp_opt.batch import Batch
+from dcp_opt.plan import Plan
+
+from . import parallelize as _par
+from .executor import execute_step
+from .models import LMConfig, TinyLM
+from .parallelize import SPState, parallelize
+from .profile_blocks import per_segment_attention
+from .profile_fit import measure_all_to_all
+from .tasks import LMTask
+
+_STATE: dict = {}
+
+
+def setup_lm(ctx, cfg: dict, attention: str, seed: int = 0) -> int:
+    """Build and parallelize TinyLM(LMConfig(**cfg)); returns its parameter count.
+
+    attention="per_segment" makes the runtime's Ulysses attention call the block-diagonal
+    kernel (cost sum s^2, as the cost model assumes) instead of the [T, T]-masked default."""
+    if attention == "per_segment":
+        _par.segment_attention = per_segment_attention  # looked up at call time
+    torch.manual_seed(seed)
+    state = SPState()
+    model = parallelize(TinyLM(LMConfig(**cfg)), state)
+    _STATE.update(model=model, state=state, cfg=LMConfig(**cfg), task=LMTask())
+    return sum(p.numel() for p in model.parameters())
+
+
+def measure_a2a(ctx):
+    return measure_all_to_all(None)
+
+
+def measure_grad_sync(ctx, num_params: int, repeats: int = 5) -> float:
+    """Median seconds of one all-reduce of a flat fp32 buffer of every gradient."""
+    buf = torch.ones(num_params)
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        if i:
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor(statistics.median(times))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _data(batch: Batch, vocab: int, seed: int):
+    def get(sid: int) -> torch.Tensor:
+        n = batch.by_id[sid].shape[0]
+        g = torch.Generator().manual_seed(seed * 1_000_003 + sid)
+        return torch.randint(0, vocab, (n + 1,), generator=g)
+
+    return get
+
+
+def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> dict:
+    """Execute the plan `warmup + steps` times; this rank's timed steps and micro-batches."""
+    plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+    model, state, task = _STATE["model"], _STATE["state"], _STATE["task"]
+    data = _data(batch, _STATE["cfg"].vocab_size, 0)
+    out = {"step_s": [], "grad_sync_s": [], "micro_batches": []}
+    for step in range(warmup + steps):
+        model.zero_grad(set_to_none=True)
+        rep = execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=step)
+        if step < warmup:
+            continue
+        out["step_s"].append(rep.step_time_s)
+        out["grad_sync_s"].append(rep.grad_sync_s)
+        out["micro_batches"].append(
+            [
+                (
+                    m.phase,
+                    m.start_rank,
+                    m.degree,
+                    m.index,
+                    list(m.sequence_ids),
+                    m.recompute_layers,
+                    m.seconds,
+                )
+                for m in rep.micro_batches
+            ]
+        )
+    return out

@@ -1,0 +1,219 @@
+"""Hugging Face transformers integration: an unmodified `LlamaForCausalLM` (or any decoder
+whose attention goes through transformers' `AttentionInterface`) trained under DCP plans.
+
+Nothing in the model changes class or parameter names:
+
+- attention: `parallelize_hf` registers one function, "dcp_ulysses", in transformers'
+  attention-function registry (`AttentionInterface.register`) and sets
+  `config._attn_implementation` to it. The function runs Ulysses (runtime/sp.py) over the
+  active group with block-diagonal causal masking over the packed stream, so packed
+  sequences never see each other. transformers builds no mask for a registered function that
+  has no mask function (masking_utils `_preprocess_mask_arguments` exits early), so the
+  packed layout is described only by the segment ids the task stores in `SPState`.
+- positions: every token carries its position inside its own sequence (`position_ids`
+  restart per packed sequence), so RoPE sees the positions single-device training sees.
+- recompute: the first `state.recompute_layers` decoder layers run under
+  `torch.utils.checkpoint` (non-reentrant), as runtime/parallelize.py does for TinyLM.
+
+`HFCausalLMTask` is the executor's task for such a model: the sum of per-token cross-entropy
+(or per-sample means), / plan.loss_normalizer, exactly as `LMTask`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .parallelize import SPState
+from .sp import shard_bounds, ulysses_attention
+from .tasks import LMTask, _token_weight
+
+ATTN_NAME = "dcp_ulysses"
+
+# attention module -> the SPState it reads (weak: a dropped model frees its entry).
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _local_attention(q, k, v, *, segments, scaling: float):
+    """Causal attention inside each segment of a packed stream. q, k, v: [T, H, Dh]."""
+    t = q.shape[0]
+    mask = segments[:, None] == segments[None, :]
+    mask = mask & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scaling
+    )
+    return out.transpose(0, 1)
+
+
+def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **_):
+    """transformers attention function: query [1, H, T_local, Dh], key/value
+    [1, H_kv, T_local, Dh] (this rank's contiguous shard); returns ([1, T_local, H, Dh], None)."""
+    state = _STATES.get(module)
+    if state is None:
+        raise RuntimeError(
+            f"{ATTN_NAME}: module {type(module).__name__} was not prepared by parallelize_hf"
+        )
+    if dropout:
+        # Ulysses would need dropout masks seeded per sequence, not per rank; not built.
+        raise ValueError(f"attention_dropout: {dropout} not supported by {ATTN_NAME}; allowed: 0")
+    if query.shape[0] != 1:
+        raise ValueError(f"batch size: {query.shape[0]} not allowed; allowed: 1 (packed stream)")
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: repeat kv heads
+    q = query[0].transpose(0, 1)
+    k = key[0].repeat_interleave(groups, dim=0).transpose(0, 1)
+    v = value[0].repeat_interleave(groups, dim=0).transpose(0, 1)
+    segments = state.segments
+    if segments is None:  # plain single-sequence call (no executor): one segment
+        segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    out = ulysses_attention(
+        q, k, v, state.sp, _local_attention, segments=segments.to(q.device), scaling=scale
+    )
+    return out[None], None
+
+
+def register_attention() -> None:
+    """Add "dcp_ulysses" to transformers' attention registry (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, dcp_attention)
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a transformers causal LM (`model.model.layers`)."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(
+            f"model: {type(model).__name__} has no `model.layers` list of decoder layers; "
+            "allowed: a transformers decoder-only causal LM (e.g. LlamaForCausalLM)"
+        )
+    return layers
+
+
+def parallelize_hf(model: nn.Module, state: SPState) -> nn.Module:
+    """Make a transformers causal LM run under `state` in place, and return it: register and
+    select the "dcp_ulysses" attention, and give each decoder layer per-micro-batch recompute
+    (the first `state.recompute_layers` layers). Parameters and their names are unchanged."""
+    register_attention()
+    model.config._attn_implementation = ATTN_NAME
+    for sub in model.modules():
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and cfg is not model.config:  # sub-configs of composite models
+            cfg._attn_implementation = ATTN_NAME
+    for index, layer in enumerate(decoder_layers(model)):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:
+            raise ValueError(f"model.layers[{index}]: no `self_attn`; allowed: decoder layers")
+        _STATES[attn] = state
+        _checkpoint_layer(layer, index, state)
+    return model
+
+
+def _checkpoint_layer(layer: nn.Module, index: int, state: SPState) -> None:
+    inner = layer.forward
+
+    def forward(*args, **kwargs):
+        if index < state.recompute_layers and torch.is_grad_enabled():
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return inner(*args, **kwargs)
+
+    layer.forward = forward
+
+
+@dataclass(frozen=True)
+class HFCausalLMTask:
+    """Next-token prediction for a transformers causal LM. A sample is a LongTensor of L+1
+    token ids (inputs = first L, labels = last L), as for `LMTask`; the micro-batch is one
+    packed row ([1, T]) with per-sequence `position_ids`."""
+
+    def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
+        sp = state.sp
+        whole = LMTask().pack(samples, kind, sp.degree)
+        _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
+        part = {k: v[lo:hi] for k, v in whole.items()}
+        state.segments = whole["segments"]
+        device = next(model.parameters()).device
+        out = model(
+            input_ids=part["tokens"][None].to(device),
+            position_ids=part["positions"][None].to(device),
+            use_cache=False,
+        )
+        logits = out.logits[0]
+        per_token = F.cross_entropy(
+            logits, part["labels"].clamp(min=0).to(device), reduction="none"
+        )
+        # Weighted sum: padding has weight 0 but stays in the graph, so every member of the
+        # group runs the same backward all-to-alls.
+        loss = (per_token * part["weights"].to(per_token)).sum() * scale
+        loss.backward()
+        state.segments = None
+        return loss.detach().cpu()
+
+    def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
+        """Unscaled loss of one whole sequence on one device, through the model's own
+        attention implementation (e.g. "sdpa"): no packing, no padding."""
+        n = sample.shape[0] - 1
+        device = next(model.parameters()).device
+        out = model(
+            input_ids=sample[None, :-1].to(device),
+            position_ids=torch.arange(n, device=device)[None],
+            use_cache=False,
+        )
+        ce = F.cross_entropy(out.logits[0], sample[1:].to(device), reduction="sum")
+        return ce * _token_weight(kind, n)
+
+
+def tiny_llama(
+    *,
+    num_layers: int = 2,
+    hidden: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    vocab_size: int = 128,
+    intermediate: int = 128,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+):
+    """A small `LlamaForCausalLM` with random weights (nothing downloaded)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        max_position_embeddings=4096,
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM._from_config(cfg, attn_implementation=attn_implementation)
+    return model.to(dtype)
+
+
+def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
+    """The dcp_opt ModelSpec (cost-model view) of a transformers Llama-style model."""
+    from dcp_opt import ModelSpec
+
+    cfg = model.config
+    dtype_bytes = next(model.parameters()).element_size()
+    return ModelSpec(
+        name,
+        "1d",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.intermediate_size,
+        vocab_size=cfg.vocab_size,
+        gated_mlp=True,
+        dtype_bytes=dtype_bytes,
+    )
