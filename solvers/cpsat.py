@@ -163,14 +163,13 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     status = solver.solve(model)
     name = solver.status_name(status)
     solved = name in ("OPTIMAL", "FEASIBLE")
-    stats.update(
-        cpsat_status=name,
-        exact_model=exact,
-        classes=len(data.classes),
-        model_bound_s=solver.best_objective_bound * data.unit + inst.sync if solved else None,
-        cpsat_wall_s=solver.wall_time,
-    )
-    if not solved:
+    stats.update(cpsat_status=name, exact_model=exact, classes=len(data.classes))
+    if solved:
+        stats.update(
+            model_bound_s=solver.best_objective_bound * data.unit + inst.sync,
+            cpsat_wall_s=solver.wall_time,
+        )
+    else:
         log.warning("cpsat: no solution (%s); returning the greedy plan", name)
         return None, "fallback", f"fallback: CP-SAT returned {name} without a solution"
     got = cm.extract(solver, data, v, place, c)

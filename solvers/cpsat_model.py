@@ -222,7 +222,9 @@ def add_bins_exact(model: cp_model.CpModel, data: Data, v: Vars) -> None:
                 model.add_implication(used, prev)
             prev = used
             xs = []
-            for k, _ in ys:
+            # Symmetry: micro-batches are numbered by their first member, so the member in
+            # position p of the group's list sits in micro-batch b <= p.
+            for k, _ in ys[b:]:
                 v.x[k, j, s, b] = model.new_bool_var(f"x{k}_{j}_{s}_{b}")
                 model.add_implication(v.x[k, j, s, b], used)
                 xs.append((k, v.x[k, j, s, b]))
@@ -237,7 +239,7 @@ def add_bins_exact(model: cp_model.CpModel, data: Data, v: Vars) -> None:
             model.add(sum(lv) == used)
             times.append(bt)
         for k, y in ys:
-            model.add(sum(v.x[k, j, s, b] for b in range(len(ys))) == y)
+            model.add(sum(v.x[k, j, s, b] for b in range(len(ys)) if (k, j, s, b) in v.x) == y)
         v.load[j, s] = sum(times)
 
 
@@ -326,8 +328,10 @@ def add_hint(model: cp_model.CpModel, data: Data, v: Vars, draft: Draft) -> bool
                 hint[v.nb[j, s]] = nb
                 continue
             levels = {r: c for r, c, _ in data.levels[j]}
-            for b, (idx, r) in enumerate(bins):
-                if (j, s, b, r) not in v.w:
+            pos = {k: p for p, (k, _) in enumerate(v.by_slot.get((j, s), []))}
+            canon = sorted(bins, key=lambda bin_: min(pos.get(cls[i], -1) for i in bin_[0]))
+            for b, (idx, r) in enumerate(canon):
+                if (j, s, b, r) not in v.w or any((cls[i], j, s, b) not in v.x for i in idx):
                     return False
                 hint[v.w[j, s, b, r]] = hint[v.ub[j, s, b]] = 1
                 hint[v.bt[j, s, b]] = sum(data.mt_r[cls[i], j, r] for i in idx) + levels[r]

@@ -8,8 +8,9 @@ For a candidate finish time T, every plan (any number of phases, any packing) sa
   micro-batch at r = 0 and K_d the most tokens one micro-batch can hold at degree d (with every
   layer recomputed): a micro-batch's constant is shared by at most K_d tokens. This is the
   efficiency a micro-batch can actually reach given memory, not the best-case asymptote;
-- (big sequences) on one rank, fewer than k sequences longer than T / k fit in T, so the
-  degrees of the sequences longer than T / k sum to at most (k - 1) * N (k = 2, 3, 4).
+- (big sequences) a rank busy with sequences i_1..i_k spends at least sum m_i + c_min (one
+  micro-batch constant at least), so k sequences with m_i > (T - c_min) / k never share a
+  rank: the degrees of those sequences sum to at most (k - 1) * N (k = 2, 3, 4).
 With x_{i,d} >= 0, sum_d x_{i,d} = 1, the least work sum x * work must fit the ranks' time:
 sum_i,d x_{i,d} work_i(d) <= sum_r max(s_r, 1) * T (speed weights as dcp_opt.bounds).
 Without the big-sequence rows the LP separates per sequence (closed form, bisection on T);
@@ -42,6 +43,8 @@ class LPBound:
 @dataclass(frozen=True)
 class _Data:
     time: np.ndarray  # (n, D) alone, at the fastest speed; inf where it does not fit
+    marg: np.ndarray  # (n, D) the same less every per-micro-batch constant
+    c_min: float  # the smallest empty micro-batch time, at the fastest speed
     work: np.ndarray  # (n, D) GPU-seconds lower bound
     deg: np.ndarray
     capacity: float  # sum of rank weights
@@ -60,7 +63,16 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
     cap = np.array([max(cost.capacity(s, int(d)) for s in c.placements(int(d))) for d in deg])
     k_tok = np.maximum(cap - cost.fixed_bytes(), 1e-30) * deg / per_tok
     work = deg[None, :] * (tab.time_marginal + const[None, :] * tab.tokens[:, None] / k_tok)
-    return _Data(tab.time / w.max(), work, deg, float(w.sum()), c.num_gpus)
+    top = w.max()
+    return _Data(
+        tab.time / top,
+        tab.time_marginal / top,
+        float(const.min()) / top,
+        work,
+        deg,
+        float(w.sum()),
+        c.num_gpus,
+    )
 
 
 def _separable_ok(dat: _Data, t: float) -> bool:
@@ -82,7 +94,7 @@ def _lp_ok(dat: _Data, t: float) -> bool:
     a_eq = coo_matrix((np.ones(nv), (rows, np.arange(nv))), shape=(dat.time.shape[0], nv))
     a_ub, b_ub = [c], [dat.capacity * t]
     for k in BIG_K:
-        big = dat.time[rows, cols] * 1.0 > t / k
+        big = dat.marg[rows, cols] > (t - dat.c_min) / k
         if big.any():
             a_ub.append(np.where(big, dat.deg[cols], 0.0))
             b_ub.append((k - 1) * dat.n_gpus)
@@ -135,8 +147,7 @@ def lp_bound(
     else:
         sep, _ = _bisect(lambda t: _separable_ok(dat, t), lo, hi, 40, float("inf"))
     best, calls = sep, 0
-    if len(batch) <= max_lp_seqs and time_limit_s > 0:
-        if not _lp_ok(dat, sep):
-            best, calls = _bisect(lambda t: _lp_ok(dat, t), sep, hi, 12, start + time_limit_s)
-            calls += 1
+    if len(batch) <= max_lp_seqs and time_limit_s > 0 and not _lp_ok(dat, sep):
+        best, calls = _bisect(lambda t: _lp_ok(dat, t), sep, hi, 12, start + time_limit_s)
+        calls += 1
     return LPBound(max(best, lo) + sync, max(sep, lo) + sync, calls)
