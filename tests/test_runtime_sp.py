@@ -190,3 +190,19 @@ def test_parallelize_keeps_names_and_recomputes_first_layers():
     model(tokens, torch.arange(6), torch.zeros(6, dtype=torch.long)).sum().backward()
     # Layers 0 and 1 run forward again during backward; layer 2 keeps its activations.
     assert calls == [2, 2, 1]
+
+
+def test_runtime_imports_no_solvers_and_core_stays_torch_free():
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "runtime"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", text, re.M)
+        assert not [m for m in imports if "solvers" in m], path.name
+    code = "import sys, dcp_opt; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

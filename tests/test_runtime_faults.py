@@ -1,0 +1,93 @@
+"""Faults never hang: a plan mismatch fails on every rank before any step collective, and a
+rank that raises or dies mid-step makes every rank fail within a bounded time (process-group
+timeouts, here 5 s)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import pytest
+from dcp_opt.runtime import LMTask, PlanMismatchError, SPState, execute_step, parallelize
+from dcp_opt.runtime.testing import DistWorkers
+
+from dcp_opt import Batch
+from dcp_opt.plan import Group, MicroBatch, Plan
+from tests.test_runtime_equiv import cost_for, make_data, make_model, make_plan
+
+TIMEOUT_S = 5.0
+BATCH = Batch.from_lengths([6, 4, 9])
+
+
+def plan_for(order: tuple[int, ...]) -> Plan:
+    """World 2: one degree-2 group running one micro-batch per sequence, in `order`."""
+    mbs = tuple(MicroBatch((s,), 0) for s in order)
+    return make_plan([[Group(0, 2, mbs)]], BATCH, cost_for("1d", 2), planner="hand")
+
+
+@dataclass(frozen=True)
+class FailingTask:
+    """LMTask that fails on `rank` at its micro-batch number `at` (after earlier ones ran
+    their collectives), by raising or by killing the process."""
+
+    rank: int
+    at: int
+    how: str
+
+    def run(self, model, samples, state, **kw):
+        if state.sp.rank == self.rank and samples[0][0] == self.at:
+            if self.how == "exit":
+                os._exit(3)
+            raise RuntimeError("injected failure")
+        return LMTask().run(model, samples, state, **kw)
+
+
+def job_step(ctx, plans: dict, task):
+    model = make_model("1d", 3)
+    state = SPState()
+    parallelize(model, state)
+    plan = Plan.from_json(plans[ctx.rank])
+    try:
+        execute_step(
+            plan, task, model, make_data("1d", BATCH, 3), pool=ctx.pool, state=state, step=0
+        )
+    except PlanMismatchError as e:
+        # No backward ran anywhere: the check precedes every step collective.
+        return "mismatch", str(e), all(p.grad is None for p in model.parameters())
+    return "ok", None, None
+
+
+@pytest.fixture
+def workers():
+    w = DistWorkers(2, timeout_s=TIMEOUT_S)
+    yield w
+    w.close()
+
+
+def test_plan_mismatch_fails_every_rank_before_any_collective(workers):
+    a, b = plan_for((0, 1, 2)).to_json(), plan_for((2, 1, 0)).to_json()
+    results = workers.run(job_step, {0: a, 1: b}, LMTask())
+    for status, message, untouched in results:
+        assert status == "mismatch"
+        assert "ranks [0]" in message and "ranks [1]" in message
+        assert untouched
+    # The group is still in step: a matching plan runs right after on the same processes.
+    assert [r[0] for r in workers.run(job_step, {0: a, 1: a}, LMTask())] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_rank_failing_mid_step_fails_every_rank(workers, how):
+    plan = plan_for((0, 1, 2)).to_json()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker failure"):
+        workers.run(job_step, {0: plan, 1: plan}, FailingTask(1, 1, how), wait_s=60.0)
+    elapsed = time.monotonic() - started
+    # Rank 1 fails at its second micro-batch; rank 0 is then inside an all-to-all with it and
+    # must fail too (peer gone or the 5 s group timeout), not hang.
+    assert sorted(workers.errors) == [0, 1]
+    assert elapsed < 6 * TIMEOUT_S
+    if how == "raise":
+        assert "injected failure" in workers.errors[1]
+    else:
+        assert "exited with code 3" in workers.errors[1]
