@@ -1,0 +1,201 @@
+"""An unmodified transformers `LlamaForCausalLM` under DCP plans (runtime/hf.py): gloo ranks in
+float64 give the loss and summed gradient of single-process training of the same model on the
+same batch (each sequence alone, transformers' own "sdpa" attention) to rel. err <= 1e-9.
+
+One pool of worker processes per world size runs every plan of that world in one job (the
+reference is computed on each worker too, so only error figures travel back).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from dcp_opt.runtime import SPState, execute_step
+from dcp_opt.runtime.hf import (
+    ATTN_NAME,
+    HFCausalLMTask,
+    llama_spec,
+    parallelize_hf,
+    tiny_llama,
+)
+from dcp_opt.runtime.testing import DistWorkers, flat_grads, max_relative_error, reference_step
+from dcp_opt.solvers import available_planners, run_planner
+
+from dcp_opt import Batch, Cluster, CostModel, make_plan, validate
+from dcp_opt.plan import Group, MicroBatch, Plan
+
+TOL = 1e-9
+LENGTHS = [3, 20, 7, 12, 5, 9, 2, 16]
+MODELS = {"mha": {}, "gqa": {"num_kv_heads": 2}}  # 4 query heads; gqa: 2 kv heads
+PLANNERS = [p for p in ("greedy", "static_tuned", "bucket", "cpsat") if p in available_planners()]
+
+
+@functools.cache
+def base_model(model_key: str):
+    # Built once per process (the first build pays transformers' lazy imports); every plan
+    # trains a deep copy, so each starts from the same weights.
+    return tiny_llama(**MODELS[model_key])
+
+
+def fresh(model_key: str):
+    return copy.deepcopy(base_model(model_key))
+
+
+def make_data(batch: Batch, seed: int = 11) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {s.id: torch.randint(128, (s.shape[0] + 1,), generator=g) for s in batch.sequences}
+
+
+def job_plans(ctx, model_key: str, batch_dict: dict, plan_jsons: list[str], step: int):
+    """On every rank: the reference once, then one executor step per plan, each on a fresh
+    copy of the same model; returns [(loss error, gradient error)] per plan."""
+    batch = Batch.from_dict(batch_dict)
+    data = make_data(batch)
+    task = HFCausalLMTask()
+    out = []
+    for text in plan_jsons:
+        plan = Plan.from_json(text)
+        ref = fresh(model_key)
+        want_loss = reference_step(
+            task,
+            ref,
+            sorted(data.items()),
+            step=step,
+            kind=plan.normalizer_kind,
+            normalizer=plan.loss_normalizer,
+        )
+        model = fresh(model_key)
+        state = SPState()
+        parallelize_hf(model, state)
+        report = execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=step)
+        loss_err = abs(report.loss - want_loss) / abs(want_loss)
+        out.append((loss_err, max_relative_error(flat_grads(model), flat_grads(ref))))
+    return out
+
+
+def cost_for(world: int, batch: Batch, *, memory_fraction: float | None = None) -> CostModel:
+    """Cost model of the test Llama on 1 node x `world` CPUs. With `memory_fraction`, memory
+    holds that share of the longest sequence's activations at degree 1 without recompute, so
+    the planners must use SP groups or recompute."""
+    spec = llama_spec(base_model("mha"))
+    base = CostModel(spec, Cluster("cpu", 1, world, 1e15, 1e12, 1e10, 1e10))
+    if memory_fraction is None:
+        return base
+    biggest = max(s.num_tokens for s in batch.sequences)
+    per_token = float(base.memory(1, 1, 0)) - base.fixed_bytes()
+    memory = (base.fixed_bytes() + memory_fraction * biggest * per_token) / (
+        base.usable_memory_fraction
+    )
+    return CostModel(spec, base.cluster.with_(memory_bytes=memory))
+
+
+def _g(start: int, degree: int, *mbs) -> Group:
+    return Group(start, degree, tuple(MicroBatch(tuple(ids), r) for ids, r in mbs))
+
+
+def hand_plans(world: int, batch: Batch) -> list[Plan]:
+    """Mixed degrees, several phases, uneven micro-batch counts, idle ranks, recompute 0..2,
+    both normalisers. Ids 0..7 have lengths 3, 20, 7, 12, 5, 9, 2, 16."""
+    whole = [_g(0, world, ((0, 1, 2, 3, 4, 5, 6, 7), 2))]
+    two_phase = [
+        [_g(0, 2, ((1,), 1), ((3, 6), 0)), *([_g(2, 2, ((7,), 2))] if world == 4 else [])],
+        # ranks 2, 3 idle in phase 1; with 2 ranks, rank 1 also takes sequence 7 here
+        [
+            _g(0, 1, ((0,), 0), ((2,), 1), ((4,), 2)),
+            _g(1, 1, ((5,), 0), *([((7,), 2)] * (world == 2))),
+        ],
+    ]
+    if world == 4:
+        mixed = [[_g(0, 2, ((1, 2), 1)), _g(2, 1, ((3,), 0), ((4, 5), 2)), _g(3, 1)]]
+        mixed.append([_g(0, 4, ((7,), 0), ((0, 6), 1))])
+    else:
+        mixed = [[_g(0, 1, ((1, 2), 1), ((3,), 0), ((4, 5), 2)), _g(1, 1)]]
+        mixed.append([_g(0, 2, ((7,), 0), ((0, 6), 1))])
+    cost = cost_for(world, batch)
+    out = [
+        make_plan([whole], batch, cost, planner="hand-whole"),
+        make_plan(two_phase, batch, cost, planner="hand-2phase", normalizer_kind="samples"),
+        make_plan(mixed, batch, cost, planner="hand-mixed"),
+    ]
+    for plan in out:
+        assert validate(plan, batch, cost) == []
+    return out
+
+
+def planner_plans(world: int, batch: Batch) -> list[Plan]:
+    cost = cost_for(world, batch, memory_fraction=0.6)
+    out = []
+    for name in PLANNERS:
+        plan = run_planner(name, batch, cost).plan
+        assert validate(plan, batch, cost) == []
+        out.append(plan)
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def workers(request):
+    w = DistWorkers(request.param, timeout_s=60.0)
+    yield w
+    w.close()
+
+
+def test_grad_equiv_hf_llama_plans(workers):
+    batch = Batch.from_lengths(LENGTHS)
+    plans = hand_plans(workers.world_size, batch) + planner_plans(workers.world_size, batch)
+    # The planners must really exercise SP or recompute under the tight memory (else the
+    # planner plans would only repeat the degree-1 case).
+    assert any(
+        g.degree > 1 or mb.recompute_layers > 0
+        for plan in plans[3:]
+        for _, g, _, mb in plan.micro_batches()
+    )
+    texts = [p.to_json() for p in plans]
+    for rank_result in workers.run(job_plans, "mha", batch.to_dict(), texts, 3, wait_s=240):
+        for plan, (loss_err, grad_err) in zip(plans, rank_result, strict=True):
+            assert loss_err <= TOL, (plan.planner, loss_err)
+            assert grad_err <= TOL, (plan.planner, grad_err)
+
+
+def test_grad_equiv_hf_llama_grouped_query_heads(workers):
+    # 2 kv heads repeated to 4 before the all-to-all: a degree-w group over the whole batch.
+    batch = Batch.from_lengths(LENGTHS)
+    plans = hand_plans(workers.world_size, batch)[:1]
+    result = workers.run(job_plans, "gqa", batch.to_dict(), [plans[0].to_json()], 0)
+    for rank_result in result:
+        (loss_err, grad_err) = rank_result[0]
+        assert loss_err <= TOL and grad_err <= TOL, (loss_err, grad_err)
+
+
+def test_parallelize_hf_keeps_model_unmodified():
+    from transformers import LlamaForCausalLM
+
+    plain, model = fresh("mha"), fresh("mha")
+    state = SPState()
+    parallelize_hf(model, state)
+    assert type(model) is LlamaForCausalLM
+    assert model.config._attn_implementation == ATTN_NAME
+    names = [n for n, _ in plain.named_parameters()]
+    assert [n for n, _ in model.named_parameters()] == names
+    # Single process, degree 1: the registered attention over one packed row of two
+    # sequences gives the loss of the plain model run on each sequence alone.
+    data = make_data(Batch.from_lengths([4, 6]))
+    task = HFCausalLMTask()
+    want = sum(task.reference_loss(plain, i, s, step=0, kind="tokens") for i, s in data.items())
+    got = task.run(model, sorted(data.items()), state, step=0, kind="tokens", scale=1.0)
+    assert abs(float(got) - float(want.detach())) <= TOL * abs(float(want))
+
+
+def test_hf_attention_rejects_dropout():
+    model = fresh("mha")
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    state = SPState()
+    parallelize_hf(model, state)
+    model.train()
+    sample = torch.arange(5)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        HFCausalLMTask().run(model, [(0, sample)], state, step=0, kind="tokens", scale=1.0)
