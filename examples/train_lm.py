@@ -24,10 +24,16 @@ from dcp_opt.runtime import (
     parallelize,
     seeded_generator,
 )
-from dcp_opt.runtime.launch import broadcast_plan, describe_plan, init_distributed
+from dcp_opt.runtime.launch import (
+    broadcast_plan,
+    cpu_cost_model,
+    describe_plan,
+    init_distributed,
+)
+from dcp_opt.runtime.models import model_spec
 from dcp_opt.solvers import run_planner
 
-from dcp_opt import Batch, Cluster, CostModel, Efficiency, ModelSpec, flops_coefficients
+from dcp_opt import Batch
 
 
 def parse_args():
@@ -39,22 +45,6 @@ def parse_args():
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
-
-
-def cost_model(cfg: LMConfig, world: int, max_len: int) -> CostModel:
-    """FLOP-derived costs on a CPU 'cluster' (float32, ~3 GFLOP/s per rank): crude, but the
-    planner needs relative costs; the script prints predicted vs measured. Memory is set so
-    a rank holds half of the longest sequence, which makes long sequences need SP."""
-    spec = ModelSpec(
-        "tiny-lm", "1d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
-        vocab_size=cfg.vocab_size, dtype_bytes=4,
-    )  # fmt: skip
-    cluster = Cluster("cpu", 1, world, 1e9, 3e9, 2e9, 2e9)
-    eff = Efficiency(reserved_bytes=1e6, block_launch_s=3e-4, microbatch_overhead_s=5e-3)
-    cost = CostModel(spec, cluster, flops_coefficients(spec, cluster, eff))
-    per_token = float(cost.memory(1, 1, 0)) - cost.fixed_bytes()
-    memory = (cost.fixed_bytes() + 0.5 * max_len * per_token) / cost.usable_memory_fraction
-    return CostModel(spec, cluster.with_(memory_bytes=memory), cost.coeffs)
 
 
 def batch_for(step: int, args) -> Batch:
@@ -80,7 +70,8 @@ def main():
     model = parallelize(TinyLM(cfg), state)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     pool = GroupPool.create()
-    cost = cost_model(cfg, world, args.max_len)
+    # Memory for half the longest sequence per rank: long ones need SP (crude CPU costs).
+    cost = cpu_cost_model(model_spec(cfg), world, fit_tokens=0.5 * args.max_len)
     for step in range(args.steps):
         batch = batch_for(step, args)
         plan = run_planner(args.planner, batch, cost).plan if rank == 0 else None

@@ -25,10 +25,16 @@ from dcp_opt.runtime import (
     parallelize,
     seeded_generator,
 )
-from dcp_opt.runtime.launch import broadcast_plan, describe_plan, init_distributed
+from dcp_opt.runtime.launch import (
+    broadcast_plan,
+    cpu_cost_model,
+    describe_plan,
+    init_distributed,
+)
+from dcp_opt.runtime.models import model_spec
 from dcp_opt.solvers import run_planner
 
-from dcp_opt import Batch, Cluster, CostModel, Efficiency, ModelSpec, flops_coefficients
+from dcp_opt import Batch
 
 TEXT_TOKENS = 8
 
@@ -41,21 +47,6 @@ def parse_args():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
-
-
-def cost_model(cfg: DiTConfig, world: int, biggest: int) -> CostModel:
-    """FLOP-derived costs on a CPU 'cluster'; memory holds half of the biggest video at
-    degree 1, so big videos need SP groups (see examples/train_lm.py)."""
-    spec = ModelSpec(
-        "tiny-dit", "2d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
-        text_tokens=TEXT_TOKENS, causal=False, dtype_bytes=4,
-    )  # fmt: skip
-    cluster = Cluster("cpu", 1, world, 1e9, 3e9, 2e9, 2e9)
-    eff = Efficiency(reserved_bytes=1e6, block_launch_s=3e-4, microbatch_overhead_s=5e-3)
-    cost = CostModel(spec, cluster, flops_coefficients(spec, cluster, eff))
-    per_token = float(cost.memory(1, 1, 0)) - cost.fixed_bytes()
-    memory = (cost.fixed_bytes() + 0.5 * biggest * per_token) / cost.usable_memory_fraction
-    return CostModel(spec, cluster.with_(memory_bytes=memory), cost.coeffs)
 
 
 def batch_for(step: int, args) -> Batch:
@@ -86,7 +77,10 @@ def main():
     model = parallelize(TinyDiT(cfg), state)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     pool = GroupPool.create()
-    cost = cost_model(cfg, world, biggest=16 * 8 * 8)
+    # Memory for half the biggest video per rank: big ones need SP (crude CPU costs).
+    cost = cpu_cost_model(
+        model_spec(cfg, text_tokens=TEXT_TOKENS), world, fit_tokens=0.5 * 16 * 8 * 8
+    )
     task = DiffusionTask(seed=args.seed)
     for step in range(args.steps):
         batch = batch_for(step, args)

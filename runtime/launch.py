@@ -9,7 +9,25 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from dcp_opt.cluster import Cluster
+from dcp_opt.cost import CostModel, Efficiency, flops_coefficients
+from dcp_opt.model import ModelSpec
 from dcp_opt.plan import Plan
+
+
+def cpu_cost_model(
+    spec: ModelSpec, world: int, *, fit_tokens: float, peak_flops: float = 3e9
+) -> CostModel:
+    """FLOP-derived costs for a CPU 'cluster' of `world` ranks (1 node), with memory for
+    `fit_tokens` tokens per rank at degree 1 without recompute, so longer sequences need SP
+    groups or recompute. Crude (no profile): planners need relative costs; scripts print
+    predicted beside measured times."""
+    cluster = Cluster("cpu", 1, world, 1e9, peak_flops, 2e9, 2e9)
+    eff = Efficiency(reserved_bytes=1e6, block_launch_s=3e-4, microbatch_overhead_s=5e-3)
+    cost = CostModel(spec, cluster, flops_coefficients(spec, cluster, eff))
+    per_token = float(cost.memory(1, 1, 0)) - cost.fixed_bytes()
+    memory = (cost.fixed_bytes() + fit_tokens * per_token) / cost.usable_memory_fraction
+    return CostModel(spec, cluster.with_(memory_bytes=memory), cost.coeffs)
 
 
 def init_distributed(*, backend: str | None = None, timeout_s: float = 120.0) -> tuple[int, int]:

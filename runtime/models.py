@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dcp_opt.model import ModelSpec
+
 from .attention import dense_attention, segment_attention
 
 
@@ -195,3 +197,18 @@ class TinyDiT(nn.Module):
         for layer in self.layers:
             h = layer(h, txt)
         return self.out(self.norm(h))
+
+
+def model_spec(
+    cfg: LMConfig | DiTConfig, *, dtype_bytes: int = 4, text_tokens: int = 0
+) -> ModelSpec:
+    """The ModelSpec the cost model and planners need for one of these models."""
+    if isinstance(cfg, LMConfig):
+        return ModelSpec(
+            "tiny-lm", "1d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
+            vocab_size=cfg.vocab_size, dtype_bytes=dtype_bytes,
+        )  # fmt: skip
+    return ModelSpec(
+        "tiny-dit", "2d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
+        text_tokens=text_tokens, causal=False, dtype_bytes=dtype_bytes,
+    )  # fmt: skip
