@@ -30,6 +30,7 @@ from dcp_opt import (
     MicroBatch,
     Plan,
     cluster_preset,
+    ensure_valid,
     lower_bound,
     make_plan,
     model_preset,
@@ -76,6 +77,21 @@ JSON_VALUES = st.recursive(
 )
 
 
+# Kinds of mutation, the structural ones weighted up: they reach deepest into the parsers.
+MUTATIONS = (
+    "replace",
+    "replace",
+    "replace",
+    "delete",
+    "rank",
+    "rank",
+    "truncate",
+    "chars",
+    "nan",
+    "deep",
+)
+
+
 def _paths(d: Any, prefix: tuple = ()) -> list[tuple]:
     """Every path (keys and indices) to a node of a JSON document."""
     out = [prefix]
@@ -105,7 +121,7 @@ def _set(doc: Any, path: tuple, value: Any, delete: bool = False) -> Any:
 def mutated_json(draw, base: dict, rank_keys: tuple[str, ...] = ()) -> str:
     """A valid document changed in one of many ways, as text."""
     doc = json.loads(json.dumps(base))
-    how = draw(st.sampled_from(["replace", "delete", "rank", "truncate", "chars", "nan", "deep"]))
+    how = draw(st.sampled_from(MUTATIONS))
     text = json.dumps(doc)
     if how in ("replace", "delete", "rank"):
         paths = [p for p in _paths(doc) if p]
@@ -174,7 +190,7 @@ def plan_cases() -> st.SearchStrategy[str]:
     ranks = ("start_rank", "degree", "num_ranks", "recompute_layers", "sequence_ids")
     return st.one_of(
         st.just(json.dumps(base)),
-        mutated_json(base, ranks),
+        *[mutated_json(base, ranks)] * 4,
         JSON_VALUES.map(json.dumps),
         st.text(max_size=40),
     )
@@ -184,10 +200,11 @@ def run_plan_case(text: str) -> None:
     """What `dcp-opt simulate` does with a plan file: parse, validate, simulate if valid."""
     _, batch, cost = plan_fixture()
     plan = Plan.from_json(text)
-    for check in (True, False):
-        if not validate(plan, batch, cost, check_fingerprint=check):
-            simulate(plan, batch, cost)
     Plan.from_json(plan.to_json())  # what parses must round-trip
+    if not validate(plan, batch, cost, check_fingerprint=False):
+        simulate(plan, batch, cost)  # what-if mode (`--ignore-fingerprint`)
+    ensure_valid(plan, batch, cost)  # a violation is a clear rejection (InvalidPlanError)
+    simulate(plan, batch, cost)
 
 
 # ---- lengths files -------------------------------------------------------------------------
@@ -266,7 +283,9 @@ def profile_base() -> dict | None:
 def profile_cases() -> st.SearchStrategy[str]:
     base = profile_base() or {}
     keys = ("schema_version", "num_layers", "hidden", "quad", "lin", "group_size")
-    return st.one_of(st.just(json.dumps(base)), mutated_json(base, keys), st.text(max_size=40))
+    return st.one_of(
+        st.just(json.dumps(base)), *[mutated_json(base, keys)] * 4, st.text(max_size=40)
+    )
 
 
 def run_profile_case(text: str) -> None:
@@ -378,7 +397,16 @@ def cli_cases(draw) -> list[str]:
     if cmd in ("plan", "simulate", "show") and draw(st.booleans()):
         argv += ["--tokens-per-gpu", "1024"]
     options = COMMANDS.get(cmd, [])
-    for opt in draw(st.lists(st.sampled_from(options), max_size=5, unique=True)) if options else []:
+    chosen = draw(st.lists(st.sampled_from(options), max_size=5, unique=True)) if options else []
+    # Mostly give the required arguments too, so that cases get past argparse into the library.
+    if cmd in ("simulate", "show") and "PLAN" not in chosen and draw(st.integers(0, 3)):
+        chosen.append("PLAN")
+    no_source = "--lengths" not in chosen and "--workload" not in chosen
+    if cmd in ("plan", "simulate", "show") and no_source and draw(st.integers(0, 3)):
+        chosen.append(draw(st.sampled_from(["--lengths", "--workload"])))
+    if cmd == "show" and "--out" not in chosen and draw(st.integers(0, 3)):
+        chosen.append("--out")
+    for opt in chosen:
         if opt == "PLAN":
             argv.insert(1, files[draw(st.sampled_from(["plan", "bad_plan", "missing", "dir"]))])
         elif opt in FLAGS:

@@ -24,8 +24,10 @@ from dcp_opt import (
     Group,
     MicroBatch,
     Plan,
+    Sequence,
     lower_bound,
     make_plan,
+    model_preset,
     simulate,
     validate,
 )
@@ -42,7 +44,7 @@ SLOW = {"cpsat"}
 def planner_options(name: str) -> dict:
     """The deterministic options a planner accepts: a fixed seed, one worker, a short limit."""
     params = inspect.signature(get_planner(name)).parameters
-    wanted = {"seed": 0, "deterministic": True, "num_workers": 1, "time_limit_s": 2.0}
+    wanted = {"seed": 0, "deterministic": True, "num_workers": 1, "time_limit_s": 0.2}
     return {k: v for k, v in wanted.items() if k in params}
 
 
@@ -52,6 +54,13 @@ def run(name: str, inst: hs.Instance):
 
 def sizes(name: str) -> dict:
     return {"max_gpus": 16, "max_seqs": 8} if name in SLOW else {}
+
+
+def budgeted(name: str, prop):
+    """A searching planner gets a third of the profile's examples (at least 5)."""
+    if name not in SLOW:
+        return prop
+    return settings(max_examples=max(5, settings.default.max_examples // 3))(prop)
 
 
 # ---- core: any valid plan ----------------------------------------------------------------
@@ -170,10 +179,13 @@ def test_planner_plan_is_valid_and_at_least_the_bound(name):
         sim = simulate(res.plan, inst.batch, inst.cost)
         bound = lower_bound(inst.batch, inst.cost)
         assert res.predicted_step_time_s == pytest.approx(sim.step_time_s, rel=REL)
-        assert res.lower_bound_s == pytest.approx(bound.value_s, rel=REL)
         assert sim.step_time_s >= bound.value_s * (1 - REL), (sim.step_time_s, bound)
+        # a planner may claim a tighter bound (an LP, the solver's own), never a looser one,
+        # and never one above its own plan
+        assert res.lower_bound_s >= bound.value_s * (1 - REL), (res.lower_bound_s, bound)
+        assert res.predicted_step_time_s >= res.lower_bound_s * (1 - REL)
 
-    prop()
+    budgeted(name, prop)()
 
 
 @pytest.mark.parametrize("name", PLANNERS)
@@ -188,10 +200,11 @@ def test_planner_is_deterministic_and_round_trips(name):
         assert validate(again, inst.batch, inst.cost) == []
         assert json.loads(json.dumps(a.summary()))["planner"] == a.planner
 
-    prop()
+    budgeted(name, prop)()
 
 
-MONOTONE_IN_MEMORY = [p for p in ("greedy", "cpsat") if p in PLANNERS]
+# greedy is a heuristic and is not monotone in memory: see the pinned example below.
+MONOTONE_IN_MEMORY = [p for p in ("cpsat",) if p in PLANNERS]
 MEMORY_NOISE = 1e-6
 
 
@@ -211,7 +224,7 @@ def test_more_memory_never_predicts_slower(name):
         big_t = run(name, hs.Instance(big, inst.batch)).predicted_step_time_s
         assert big_t <= small_t * (1 + MEMORY_NOISE), (big_t, small_t)
 
-    prop()
+    budgeted(name, prop)()
 
 
 # ---- brute force on tiny instances -------------------------------------------------------
@@ -297,11 +310,11 @@ def test_brute_force_is_a_valid_plan_above_the_bound(shape, data):
     assert simulate(plan, inst.batch, inst.cost).step_time_s == pytest.approx(t, rel=REL)
     assert t >= lower_bound(inst.batch, inst.cost).value_s * (1 - REL)
     for name in PLANNERS:
-        # no planner may claim an optimum better than the bound; cpsat at "optimal" must
-        # match or beat the best single-phase plan (its search space contains it)
+        # a bound a planner claims (an LP, CP-SAT's own) is certified only if no valid plan
+        # beats it: the best single-phase plan is one. (cpsat's "optimal" is optimal within
+        # its own model only: see the pinned example below.)
         res = run(name, inst)
-        if name == "cpsat" and res.status == "optimal":
-            assert res.predicted_step_time_s <= t * (1 + 1e-6), (res.predicted_step_time_s, t)
+        assert res.lower_bound_s <= t * (1 + REL), (name, res.lower_bound_s, t)
 
 
 @pytest.mark.parametrize(
@@ -323,3 +336,66 @@ def test_more_gpus_never_predict_a_slower_optimum(small, big, data):
     f_small = t_small - inst.cost.grad_sync_time()
     f_big = t_big - big_cost.grad_sync_time()
     assert f_big <= f_small * (1 + REL), (f_big, f_small)
+
+
+@given(st.data())
+def test_memory_margin_is_what_validate_enforces(data):
+    # The safety margin is CostModel.usable_memory_fraction. Under any margin, validate flags
+    # OUT_OF_MEMORY exactly when some micro-batch needs more than margin x its group's memory.
+    inst = data.draw(hs.instances(max_seqs=12))
+    plan = data.draw(hs.valid_plans(inst))
+    frac = data.draw(st.floats(0.05, 1.0))
+    cost = inst.cost.with_(usable_memory_fraction=frac)
+    c = cost.cluster
+    over = any(
+        float(
+            cost.memory(
+                sum(inst.batch.by_id[s].num_tokens for s in mb.sequence_ids),
+                g.degree,
+                mb.recompute_layers,
+            )
+        )
+        > frac * c.group_memory(g.start_rank, g.degree) * (1 + 1e-9)
+        for _, g, _, mb in plan.micro_batches()
+    )
+    codes = {v.code for v in validate(plan, inst.batch, cost, check_fingerprint=False)}
+    assert ("OUT_OF_MEMORY" in codes) == over
+
+
+# ---- known planner weaknesses, pinned (found by the properties above; reported to the lead) --
+def _llama7b_3x4(memory_bytes: float) -> CostModel:
+    c = Cluster("hyp3x4", 3, 4, memory_bytes, 1e14, 100e9, 12.5e9)
+    return CostModel(model_preset("llama-7b"), c, usable_memory_fraction=0.7)
+
+
+@pytest.mark.xfail(strict=True, reason="greedy is not monotone in memory (found by hypothesis)")
+@pytest.mark.parametrize("name", [p for p in ("greedy",) if p in PLANNERS])
+def test_greedy_more_memory_pinned(name):
+    # Doubling memory (219 -> 439 GB per GPU) changes greedy's chosen candidate and its
+    # predicted step grows 47.81 s -> 49.31 s (+3.1 %); cpsat predicts 47.81 s for both.
+    batch = Batch.from_lengths([8192, 114126, *[1] * 10, 32768, 1, 65536])
+    small = run(name, hs.Instance(_llama7b_3x4(219342857142.85715), batch))
+    big = run(name, hs.Instance(_llama7b_3x4(2 * 219342857142.85715), batch))
+    assert big.predicted_step_time_s <= small.predicted_step_time_s * (1 + MEMORY_NOISE)
+
+
+@pytest.mark.xfail(strict=True, reason="cpsat 'optimal' misses packing at higher recompute")
+@pytest.mark.parametrize("name", [p for p in ("cpsat",) if p in PLANNERS])
+def test_cpsat_optimal_is_no_slower_than_brute_force_pinned(name):
+    # Open-Sora on 1 node x 2 GPUs (51 GB, 70 % usable, no optimizer sharding). Best
+    # single-phase plan: both sequences in one micro-batch at degree 2 with 1 recomputed layer
+    # (one 4 ms overhead saved, one layer's forward added): 0.58194 s. cpsat says "optimal" at
+    # 0.58502 s (two micro-batches, no recompute): packing that needs more recompute than
+    # either sequence alone is outside its model.
+    c = Cluster("hyp1x2", 1, 2, 51e9, 1e14, 100e9, 12.5e9)
+    cost = CostModel(
+        model_preset("opensora-stdit3-xl"),
+        c,
+        optimizer_sharding="none",
+        usable_memory_fraction=0.7,
+    )
+    batch = Batch((Sequence(0, (1, 1, 54)), Sequence(1, (10, 20, 42))))
+    t, _ = brute_force(batch, cost)
+    res = run(name, hs.Instance(cost, batch))
+    assert res.status == "optimal"
+    assert res.predicted_step_time_s <= t * (1 + 1e-6), (res.predicted_step_time_s, t)
