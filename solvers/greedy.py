@@ -40,6 +40,7 @@ from .common import finish
 # each sequence on its preferred degree while it meets T, and earliest-finish assignment.
 GRID_PREF = (1.0, 1.03)
 GRID_EFT = (1.0,)
+REFINE = (0.97, 0.99)  # then targets just under the best finish so far
 SMALL = 0.02
 
 
@@ -246,9 +247,20 @@ class _Groups:
         return True
 
 
+def present_pref(inst: Instance, pref: np.ndarray, present: set, target: float) -> np.ndarray:
+    """A preferred degree the layout lacks becomes the least-work present one that meets the
+    target (else the fastest present one), so the longest-first order sees real times."""
+    have = np.zeros(len(inst.degrees), dtype=bool)
+    have[list(present)] = True
+    if have[pref].all():
+        return pref
+    return np.where(have[pref], pref, preferred_degrees(inst, target, have))
+
+
 def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False):
     """Longest first into the placed groups. Returns (bins per group, loads) or None."""
     st = _Groups(inst, placed, speeds, cap0, base)
+    pref = present_pref(inst, pref, {j for _, j in placed}, target)
     tp = inst.time[items, pref[items]]
     order = items[np.argsort(-tp, kind="stable")]
     if not st.one_by_one(order, pref, target, eft):
@@ -405,6 +417,15 @@ def search(inst: Instance, cluster) -> list[Draft]:
                 d.how = ("uniform", j)
                 drafts.append(d)
                 best = min(best, d.finish_s)
+    # Refine: aim just under the best finish found (the grid is anchored on the bound, which
+    # can sit far below what any plan reaches).
+    for f in REFINE:
+        f_abs = best * f / inst.finish_lb
+        d = draft_for(inst, cluster, inst.finish_lb * f_abs, False)
+        if d is not None:
+            d.how = ("target", f_abs, False, False)
+            drafts.append(d)
+            best = min(best, d.finish_s)
     return sorted((d for d in drafts if d is not None), key=lambda d: d.finish_s)
 
 
