@@ -1,0 +1,209 @@
+"""The data path (runtime/data.py): batches by count and by token budget, every sequence of an
+epoch trained exactly once, each rank reading only its own samples, and the two agreement
+modes (plan on rank 0 + broadcast, plan everywhere deterministically) giving the same plans.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dcp_opt.runtime.data import DcpLoader, PlannedBatch, form_batches, local_ids
+from dcp_opt.runtime.testing import DistWorkers
+
+from dcp_opt import Batch, Cluster, CostModel, DcpOptError, ModelSpec, make_plan
+from dcp_opt.plan import Group, MicroBatch, Plan
+
+SPEC = ModelSpec("tiny-lm", "1d", 2, 16, 4, 32, vocab_size=32, dtype_bytes=4)
+# 13 samples: lengths vary 2..40 so memory-bound plans mix degree-1 and degree-2 groups.
+LENGTHS = [5, 40, 3, 17, 9, 2, 33, 12, 7, 21, 4, 28, 6]
+
+
+class CountingDataset(torch.utils.data.Dataset):
+    """Token sequences; records every index it is asked for."""
+
+    def __init__(self, lengths):
+        self.lengths = list(lengths)
+        self.calls: list[int] = []
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        self.calls.append(i)
+        return torch.arange(self.lengths[i] + 1) % 32
+
+
+def cost_for(world: int, *, fit_tokens: float = 15.0) -> CostModel:
+    """1 node x `world` ranks; memory holds `fit_tokens` tokens at degree 1 without
+    recompute. With 15, longer samples need recompute, and the 40-token one does not fit on
+    one rank even recomputing both layers (cost.min_recompute(40, 1) == -1): it needs the
+    degree-2 group, which both ranks read."""
+    base = CostModel(SPEC, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10))
+    per_token = float(base.memory(1, 1, 0)) - base.fixed_bytes()
+    memory = (base.fixed_bytes() + fit_tokens * per_token) / base.usable_memory_fraction
+    return CostModel(SPEC, base.cluster.with_(memory_bytes=memory))
+
+
+# ---- batch forming ---------------------------------------------------------------------------
+def test_form_batches_by_count():
+    order = list(range(10))
+    # 10 samples in batches of 4: 4 + 4 + 2; drop_last drops the short 2.
+    assert form_batches([(1,)] * 10, order, batch_size=4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert form_batches([(1,)] * 10, order, batch_size=4, drop_last=True) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+    ]
+
+
+def test_form_batches_by_token_budget():
+    shapes = [(5,), (3,), (4,), (9,), (2,), (2, 1, 2)]
+    # budget 8: 5+3 = 8 fits; 4 then 9 would be 13 > 8; 9 alone exceeds the budget but forms
+    # a batch by itself; 2 then the 2x1x2 video (4 tokens): 6 <= 8.
+    got = form_batches(shapes, [0, 1, 2, 3, 4, 5], max_tokens=8)
+    assert got == [[0, 1], [2], [3], [4, 5]]
+
+
+def test_form_batches_rejects_bad_options():
+    with pytest.raises(DcpOptError, match="exactly one"):
+        form_batches([(1,)], [0], batch_size=2, max_tokens=4)
+    with pytest.raises(DcpOptError, match="batch_size"):
+        form_batches([(1,)], [0], batch_size=0)
+    with pytest.raises(DcpOptError, match="sizes\\[1\\]"):
+        DcpLoader([0, 1], [3, (2, 2)], cost_for(1), batch_size=1, rank=0, world_size=1)
+    with pytest.raises(DcpOptError, match="agree"):
+        DcpLoader([0], [3], cost_for(1), batch_size=1, agree="vote", rank=0, world_size=1)
+
+
+def test_local_ids_follow_group_membership():
+    batch = Batch.from_lengths([4, 4, 4, 4])
+    cost = CostModel(SPEC, Cluster("cpu", 1, 4, 1e12, 1e12, 1e10, 1e10))
+    g = [Group(0, 2, (MicroBatch((2,)), MicroBatch((0, 3)))), Group(2, 1, (MicroBatch((1,)),))]
+    plan = make_plan([g], batch, cost, planner="hand")
+    # Ranks 0 and 1 share the degree-2 group; rank 2 has sequence 1; rank 3 is idle.
+    assert [local_ids(plan, r) for r in range(4)] == [[2, 0, 3], [2, 0, 3], [1], []]
+
+
+def test_single_process_epoch_covers_every_sample_once():
+    data = CountingDataset(LENGTHS)
+    loader = DcpLoader(
+        data, LENGTHS, cost_for(1, fit_tokens=64), max_tokens=60, planner="greedy", seed=1
+    )
+    got = list(loader)
+    assert all(isinstance(b, PlannedBatch) for b in got)
+    trained = [sid for b in got for sid in b.plan.sequence_ids()]
+    assert sorted(trained) == list(range(len(LENGTHS)))
+    assert sorted(data.calls) == list(range(len(LENGTHS)))  # each sample read exactly once
+    for b in got:  # the token budget holds for every batch of more than one sample
+        assert len(b.batch) == 1 or b.batch.num_tokens <= 60
+        assert b.plan.loss_normalizer == b.batch.num_tokens
+        assert b.describe().startswith("greedy:")
+    # Another epoch, another order, still every sample once.
+    loader.set_epoch(1)
+    assert loader.batches() != [[s.id for s in b.batch.sequences] for b in got]
+    assert sorted(i for ids in loader.batches() for i in ids) == list(range(len(LENGTHS)))
+
+
+# ---- several ranks ---------------------------------------------------------------------------
+def job_epoch(ctx, agree: str, batch_size: int):
+    """On every rank: one epoch through the loader; per batch the plan JSON, the sample ids
+    delivered, and the dataset reads of this rank."""
+    data = CountingDataset(LENGTHS)
+    loader = DcpLoader(
+        data,
+        LENGTHS,
+        cost_for(ctx.world_size),
+        batch_size=batch_size,
+        agree=agree,
+        seed=3,
+        planner="greedy",  # deterministic and fast; "auto" picks cpsat when it is built
+    )
+    out = []
+    for b in loader:
+        out.append((b.plan.to_json(), sorted(b.samples), list(b.batch.to_dict()["sequences"])))
+    return out, data.calls
+
+
+def job_failing_plan(ctx):
+    """Memory too small for any sample: planning fails on rank 0; every rank must raise."""
+    loader = DcpLoader(
+        CountingDataset(LENGTHS),
+        LENGTHS,
+        cost_for(ctx.world_size, fit_tokens=0.5),
+        batch_size=4,
+        planner="greedy",
+    )
+    try:
+        next(iter(loader))
+    except DcpOptError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.fixture(scope="module")
+def workers():
+    w = DistWorkers(2, timeout_s=30.0)
+    yield w
+    w.close()
+
+
+def test_data_epoch_each_rank_reads_only_its_samples(workers):
+    by_mode = {agree: workers.run(job_epoch, agree, 5) for agree in ("broadcast", "deterministic")}
+    for agree, ranks in by_mode.items():
+        (steps0, _), (steps1, _) = ranks
+        plans = [Plan.from_json(text) for text, _, _ in steps0]
+        assert [p.content_hash() for p in plans] == [
+            Plan.from_json(t).content_hash() for t, _, _ in steps1
+        ], agree
+        assert len(plans) == 3  # 13 samples in batches of 5: 5 + 5 + 3
+        trained = sorted(sid for p in plans for sid in p.sequence_ids())
+        assert trained == list(range(len(LENGTHS))), agree  # every sample exactly once
+        for rank, (steps, calls) in enumerate(ranks):
+            want = [sid for p in plans for sid in local_ids(p, rank)]
+            assert sorted(calls) == sorted(want), (agree, rank)  # reads only its own samples
+            assert [ids for _, ids, _ in steps] == [sorted(local_ids(p, rank)) for p in plans]
+        # The 40-token sample goes to a degree-2 group (read by both ranks), the rest is
+        # split, so neither rank reads the whole epoch.
+        assert any(
+            g.degree == 2 and g.micro_batches for p in plans for ph in p.phases for g in ph.groups
+        )
+        assert all(len(calls) < len(LENGTHS) for _, calls in ranks), agree
+    # Both agreement modes give the same plans (greedy is deterministic).
+    hashes = {
+        agree: [Plan.from_json(t).content_hash() for t, _, _ in ranks[0][0]]
+        for agree, ranks in by_mode.items()
+    }
+    assert hashes["broadcast"] == hashes["deterministic"]
+
+
+def test_data_planning_failure_reaches_every_rank(workers):
+    messages = workers.run(job_failing_plan)
+    assert all("planning failed" in m for m in messages), messages
+
+
+def test_planning_runs_ahead_in_a_background_thread():
+    import threading
+    import time
+
+    loader = DcpLoader(
+        CountingDataset(LENGTHS), LENGTHS, cost_for(1, fit_tokens=64), batch_size=2,
+        planner="greedy", prefetch=2,
+    )  # fmt: skip
+    seen: list[str] = []
+    plan_batch = loader.plan_batch
+
+    def recording(ids):
+        seen.append(threading.current_thread().name)
+        return plan_batch(ids)
+
+    loader.plan_batch = recording
+    it = iter(loader)
+    next(it)  # batch 0 out; batch 1 agreed (look-ahead); the thread fills a queue of 2 more
+    deadline = time.monotonic() + 10
+    while len(seen) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    # 0 and 1 were taken; 2 and 3 fill the queue while "batch 0 trains"; 4 may be planned
+    # and wait to be queued; 5 and 6 (of 7 batches) wait for the consumer.
+    assert 4 <= len(seen) <= 5, seen
+    assert set(seen) == {"dcp-plan-ahead"}
+    it.close()
