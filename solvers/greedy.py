@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,6 +60,13 @@ class Instance:
     num_gpus: int
     finish_lb: float  # analytic lower bound on the latest finish (no sync)
     sync: float
+    _lists: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def lists(self) -> tuple[list, list, list]:
+        """time, r_min and tokens as Python lists (the per-sequence loop reads these)."""
+        if not self._lists:
+            self._lists["v"] = (self.time.tolist(), self.r_min.tolist(), self.tokens.tolist())
+        return self._lists["v"]
 
 
 def make_instance(batch: Batch, cost: CostModel) -> Instance:
@@ -214,10 +221,10 @@ class _Groups:
             self.speeds.tolist(),
         )
         const = inst.const.tolist()
-        rows, rr = inst.time[order].tolist(), inst.r_min[order].tolist()
-        toks, prefs = inst.tokens[order].tolist(), pref[order].tolist()
-        for k, i in enumerate(order.tolist()):
-            t_row, r_row, p, tok = rows[k], rr[k], prefs[k], toks[k]
+        all_t, all_r, all_tok = inst.lists()
+        prefs = pref.tolist()
+        for i in order.tolist():
+            t_row, r_row, p, tok = all_t[i], all_r[i], prefs[i], all_tok[i]
             best = None
             for j in [p] if p in heaps else []:
                 g = heaps[j][0][1]

@@ -58,6 +58,7 @@ def sub_instance(inst: Instance, rows: np.ndarray, b: int) -> Instance:
         cap0=inst.cap0[cols],
         num_gpus=b,
         finish_lb=max(float(work) / b, longest),
+        _lists={},
     )
 
 

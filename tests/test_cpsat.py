@@ -261,3 +261,54 @@ def test_lp_bound_is_below_every_plan(data):
     lp = lp_bound(inst.batch, inst.cost, time_limit_s=0.1)
     assert lp.value_s >= lower_bound(inst.batch, inst.cost).value_s * (1 - 1e-12)
     assert lp.value_s <= greedy.predicted_step_time_s * (1 + 1e-9)
+
+
+# ---- planning ahead (solvers/async_plan.py) -------------------------------------------------
+def test_async_planner_plans_ahead_in_order_and_round_trips():
+    from dcp_opt.solvers.async_plan import AsyncPlanner, PlannedBatch
+
+    cost = toy_cost()
+    batches = [Batch.from_lengths(x) for x in TINY[:3]]
+    with AsyncPlanner(cost, "cpsat", depth=1, deterministic=True, time_limit_s=1.0) as ap:
+        for k, b in enumerate(batches):
+            ap.submit(k, b)
+        got = [ap.result(k, timeout=60) for k in range(3)]
+    for k, (b, t) in enumerate(zip(batches, got, strict=True)):
+        assert t.step == k and validate(t.plan(), b, cost) == []
+        direct = plan_cpsat(b, cost, time_limit_s=1.0, deterministic=True)
+        assert t.plan_json == direct.plan.to_json()  # deterministic: same plan as inline
+        again = PlannedBatch.from_json(t.to_json())  # what rank 0 would broadcast
+        assert again.plan_json == t.plan_json and again.plan_hash == t.plan_hash
+
+
+def test_async_planner_bounds_its_queue_and_reports_errors():
+    import threading
+
+    from dcp_opt.solvers.async_plan import AsyncPlanner
+
+    from dcp_opt import DcpOptError
+
+    with pytest.raises(DcpOptError, match="planner"):
+        AsyncPlanner(toy_cost(), "no-such-planner")
+    gate = threading.Event()
+    ap = AsyncPlanner(toy_cost(), "greedy", depth=1)
+
+    def slow(batch, cost, **kw):
+        gate.wait(10)
+        if len(batch) == 1:
+            raise ValueError("injected")
+        return plan_greedy(batch, cost)
+
+    ap._plan = slow
+    ap.submit(0, Batch.from_lengths([1]))  # taken by the worker, which waits on the gate
+    ap.submit(1, Batch.from_lengths([1, 1]))  # fills the one-slot queue
+    blocked = threading.Thread(target=ap.submit, args=(2, Batch.from_lengths([2])))
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive()  # a third batch waits for room: planning stays one step ahead
+    gate.set()
+    blocked.join(10)
+    with pytest.raises(ValueError, match="injected"):
+        ap.result(0, timeout=10)
+    assert ap.result(1, timeout=10).plan().num_micro_batches >= 1
+    ap.close()
