@@ -238,12 +238,13 @@ def _plot_memory(ax, doc: dict) -> None:
     if rows:
         cap = rows[0]["capacity_gb"]
         ax.axvline(cap, color="red", ls="--", label="usable capacity")
-        ax.set_xlim(0, cap * 1.5)  # room for the legend right of the capacity line
+        ax.set_xlim(0, cap * 1.05)
     ax.set_yticks(y, [r["planner"] for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("peak memory of the fullest rank, worst batch (GB)")
     ax.set_title("memory headroom", fontsize=10)
-    ax.legend(fontsize=7, loc="center right")
+    # below the axes: the bars reach the capacity line, so inside it would hide them
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3)
 
 
 def _plot_sweep(ax, doc: dict, key: str) -> None:
