@@ -59,6 +59,7 @@ from dcp_opt.cost import CostModel
 from dcp_opt.result import PlanResult
 from dcp_opt.validate import InvalidPlanError
 
+from . import cpsat_extract as cx
 from . import cpsat_model as cm
 from .common import finish
 from .greedy import Draft, Instance, assign, candidates, make_instance, place, to_phases
@@ -146,7 +147,7 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
         near[j] = near.get(j, 0) + 1
     data = cm.make_data(inst, cost, best.finish_s, exact, near=near)
     model, v = cm.build(data, 8 * cm.RESOLUTION)
-    stats["hinted"] = cm.add_hint(model, data, v, best)
+    stats["hinted"] = cx.add_hint(model, data, v, best)
     solver = cm.cp_model.CpSolver()
     p = solver.parameters
     p.num_workers = 1 if det else max(1, workers)
@@ -172,7 +173,7 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     else:
         log.warning("cpsat: no solution (%s); returning the greedy plan", name)
         return None, "fallback", f"fallback: CP-SAT returned {name} without a solution"
-    got = cm.extract(solver, data, v, place, c)
+    got = cx.extract(solver, data, v, place, c)
     if got is None:
         log.warning("cpsat: layout could not be placed; returning the greedy plan")
         return None, "fallback", "fallback: CP-SAT layout could not be placed"
@@ -180,7 +181,7 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     options = [own, _relist(inst, c, placed, pref, own, solver.value(v.m) * data.unit)]
     for d in options:
         if d is not None:
-            d.finish_s = cm.draft_finish(d, inst, cost)
+            d.finish_s = cx.draft_finish(d, inst, cost)
     pick = min((d for d in options if d is not None), key=lambda d: d.finish_s)
     word = "optimal" if name == "OPTIMAL" and exact else "feasible"
     if pick.finish_s >= best.finish_s * (1 - 1e-12):

@@ -15,6 +15,7 @@ import sys
 from functools import cache
 
 import pytest
+from dcp_opt.solvers import cpsat_extract as cx
 from dcp_opt.solvers import cpsat_model as cm
 from dcp_opt.solvers import run_planner
 from dcp_opt.solvers.cpsat import plan_cpsat
@@ -158,7 +159,7 @@ def test_timeout_without_solution_falls_back(monkeypatch, caplog):
 def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
     batch, cost, greedy = _setup()
     inst_holder = {}
-    real = cm.extract
+    real = cx.extract
 
     def bad_extract(solver, data, v, place, cluster):
         placed, pref, own = real(solver, data, v, place, cluster)
@@ -168,8 +169,8 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
         dup = Draft([], [(3, j, [([0], 0)]), *own.groups], 0.0, ("injected",))
         return placed, pref, dup
 
-    monkeypatch.setattr(cm, "extract", bad_extract)
-    monkeypatch.setattr(cm, "draft_finish", lambda d, inst, cost: 0.0)
+    monkeypatch.setattr(cx, "extract", bad_extract)
+    monkeypatch.setattr(cx, "draft_finish", lambda d, inst, cost: 0.0)
     with caplog.at_level(logging.WARNING):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
     _assert_fallback(res, greedy, caplog, "failed validate()")
@@ -178,7 +179,7 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
 
 def test_unplaceable_layout_falls_back(monkeypatch, caplog):
     batch, cost, greedy = _setup()
-    monkeypatch.setattr(cm, "extract", lambda *a, **k: None)
+    monkeypatch.setattr(cx, "extract", lambda *a, **k: None)
     with caplog.at_level(logging.WARNING):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
     _assert_fallback(res, greedy, caplog, "could not be placed")

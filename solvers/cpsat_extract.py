@@ -1,0 +1,181 @@
+"""Hint and extraction of the CP-SAT model (solvers/cpsat_model.py): a greedy draft as a
+complete starting solution [H], and a solution back to a draft plan (layout placed buddy
+style, members dealt longest first, packed first-fit decreasing within each group)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dcp_opt.cost import CostModel
+
+from .cpsat_model import Data, Vars, cp_model
+from .greedy import Draft, Instance
+
+
+def class_of(data: Data) -> np.ndarray:
+    out = np.empty(len(data.inst.ids), dtype=int)
+    for k, c in enumerate(data.classes):
+        out[c] = k
+    return out
+
+
+def _group_hint(data: Data, j: int, bins, cls) -> tuple[int, dict, int]:
+    """(model load, class counts, micro-batches) of one greedy group under the model."""
+    members = [i for idx, _ in bins for i in idx]
+    counts: dict = {}
+    for i in members:
+        counts[cls[i]] = counts.get(cls[i], 0) + 1
+    if data.exact:
+        levels = {r: c for r, c, _ in data.levels[j]}
+        load = sum(sum(data.mt_r[cls[i], j, r] for i in idx) + levels.get(r, 0) for idx, r in bins)
+        return load, counts, len(bins)
+    cap = int(data.cap0[j])
+    shared = sum(int(data.tok[k]) * n for k, n in counts.items() if data.pack[k, j])
+    alone = sum(n for k, n in counts.items() if not data.pack[k, j])
+    need = alone + (-(-shared // cap) if cap > 0 else sum(counts.values()))
+    nb = max(len(bins), need, 1)
+    load = sum(int(data.mt[k, j]) * n for k, n in counts.items()) + int(data.const[j]) * nb
+    return load, counts, nb
+
+
+def add_hint(model: cp_model.CpModel, data: Data, v: Vars, draft: Draft) -> bool:
+    """[H] A greedy plan as a complete starting solution; False if not representable."""
+    if any(j != data.wide for _, j, _ in draft.phase0):
+        return False
+    cls = class_of(data)
+    hint: dict = {}
+    by_deg: dict[int, list] = {}
+    for _, j, bins in draft.groups:
+        by_deg.setdefault(j, []).append((*_group_hint(data, j, bins, cls), bins))
+    loads = []
+    for j, groups in by_deg.items():
+        if len(groups) > data.slots[j]:
+            return False
+        groups.sort(key=lambda g: -g[0])
+        for s, (load, counts, nb, bins) in enumerate(groups):
+            hint[v.u[j, s]] = 1
+            loads.append(load)
+            for k, n in counts.items():
+                if (k, j, s) not in v.y:
+                    return False
+                hint[v.y[k, j, s]] = n
+            if not data.exact:
+                hint[v.nb[j, s]] = nb
+                continue
+            levels = {r: c for r, c, _ in data.levels[j]}
+            pos = {k: p for p, (k, _) in enumerate(v.by_slot.get((j, s), []))}
+            canon = sorted(bins, key=lambda bin_: min(pos.get(cls[i], -1) for i in bin_[0]))
+            for b, (idx, r) in enumerate(canon):
+                if (j, s, b, r) not in v.w or any((cls[i], j, s, b) not in v.x for i in idx):
+                    return False
+                hint[v.w[j, s, b, r]] = hint[v.ub[j, s, b]] = 1
+                hint[v.bt[j, s, b]] = sum(data.mt_r[cls[i], j, r] for i in idx) + levels[r]
+                for i in idx:
+                    hint[v.x[cls[i], j, s, b]] = 1
+    p0 = 0
+    for _, _, bins in draft.phase0:
+        for idx, _ in bins:
+            for i in idx:
+                if cls[i] not in v.z:
+                    return False
+                hint[v.z[cls[i]]] = hint.get(v.z[cls[i]], 0) + 1
+                p0 += int(data.t[cls[i], data.wide])
+    hint[v.m] = p0 + max(loads, default=0)
+    groups = (v.u, v.y, v.z, v.nb, v.ub, v.x, v.w, v.bt)
+    for var in (x for g in groups for x in g.values()):
+        model.add_hint(var, hint.get(var, 0))
+    model.add_hint(v.m, hint[v.m])
+    return True
+
+
+def extract(solver: cp_model.CpSolver, data: Data, v: Vars, place, cluster):
+    """Solution -> (placed groups, degree index per member row, Draft of the model's own
+    assignment). None if the layout cannot be placed."""
+    inst = data.inst
+    used = sorted(
+        (j for (j, s), u in v.u.items() if solver.value(u)), key=lambda j: -inst.degrees[j]
+    )
+    placed = place(used, inst, cluster)
+    if len(placed) != len(used):
+        return None
+    slot_start: dict = {}
+    counters: dict = {}
+    for start, j in placed:
+        s = counters.get(j, 0)
+        counters[j] = s + 1
+        slot_start[j, s] = start
+    pref = np.full(len(inst.ids), -1)
+    groups: dict = {key: [] for key in slot_start}
+    phase0: list = []
+    for k, c in enumerate(data.classes):
+        rows = c[np.argsort(-inst.time[c].max(axis=1), kind="stable")].tolist()
+        for (kk, j, s), y in v.y.items():
+            if kk != k:
+                continue
+            take = solver.value(y)
+            if take == 0:
+                continue
+            groups[j, s] += rows[:take]
+            pref[rows[:take]] = j
+            rows = rows[take:]
+        phase0 += rows
+    if data.exact:
+        bins = _exact_bins(solver, data, v)
+        drafted = [(slot_start[key], key[0], bins[key]) for key in slot_start if bins.get(key)]
+    else:
+        drafted = [
+            (slot_start[key], key[0], pack(inst, key[0], m)) for key, m in groups.items() if m
+        ]
+    p0 = []
+    if phase0:
+        start = max(inst.num_gpus - int(inst.degrees[data.wide]), 0)
+        p0 = [(start, data.wide, [([i], int(inst.r_min[i, data.wide])) for i in phase0])]
+        pref[phase0] = data.wide
+    return placed, pref, Draft(p0, drafted, 0.0, ("cpsat",))
+
+
+def _exact_bins(solver, data: Data, v: Vars) -> dict:
+    out: dict = {}
+    for (j, s, b, r), w in v.w.items():
+        if solver.value(w):
+            idx = [
+                int(data.classes[k][0])
+                for (k, jj, ss, bb), x in v.x.items()
+                if (jj, ss, bb) == (j, s, b) and solver.value(x)
+            ]
+            if idx:
+                out.setdefault((j, s), []).append((idx, r))
+    return out
+
+
+def pack(inst: Instance, j: int, members: list[int]) -> list[tuple[list[int], int]]:
+    """Micro-batches of one group: members that fit without recompute, first-fit decreasing
+    by tokens into micro-batches of cap0 tokens; the others alone at their r_min."""
+    alone = [([i], int(inst.r_min[i, j])) for i in members if inst.r_min[i, j] > 0]
+    shared = sorted((i for i in members if inst.r_min[i, j] == 0), key=lambda i: -inst.tokens[i])
+    bins: list[list] = []
+    room: list[float] = []
+    cap = float(inst.cap0[j])
+    for i in shared:
+        t = float(inst.tokens[i])
+        for b, left in enumerate(room):
+            if t <= left:
+                bins[b].append(i)
+                room[b] -= t
+                break
+        else:
+            bins.append([i])
+            room.append(cap - t)
+    return alone + [(b, 0) for b in bins]
+
+
+def draft_finish(draft: Draft, inst: Instance, cost: CostModel) -> float:
+    """Exact latest finish of a draft on a homogeneous cluster (phase 0 covers every rank)."""
+
+    def group_time(j, bins):
+        d = int(inst.degrees[j])
+        return sum(float(cost.time(inst.feats[idx].sum(axis=0), d, r)) for idx, r in bins)
+
+    base = sum(group_time(j, bins) for _, j, bins in draft.phase0)
+    loads = [group_time(j, bins) for _, j, bins in draft.groups]
+    return base + max(loads, default=0.0)

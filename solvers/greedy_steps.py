@@ -1,0 +1,148 @@
+"""Greedy planner, steps 1 and 2 and shared data: the per-sequence instance every optimizing
+planner reads (greedy, CP-SAT), the draft plan as index lists, the preferred degree of each
+sequence for a target makespan, and the group layout with its aligned placement.
+See solvers/greedy.py for the whole method."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dcp_opt.batch import Batch
+from dcp_opt.bounds import lower_bound
+from dcp_opt.cost import CostModel
+from dcp_opt.table import seq_table
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What the greedy and CP-SAT planners read: per-sequence times, per-degree constants."""
+
+    ids: np.ndarray  # (n,) sequence ids
+    degrees: np.ndarray  # (D,) allowed degrees
+    time: np.ndarray  # (n, D) seconds alone at r_min; inf where it does not fit
+    marginal: np.ndarray  # (n, D) the same less every per-micro-batch constant
+    feats: np.ndarray  # (n, F) additive features (cost.py)
+    r_min: np.ndarray  # (n, D)
+    tokens: np.ndarray  # (n,)
+    const: np.ndarray  # (D,) per-micro-batch constant shared by packed sequences
+    cap0: np.ndarray  # (D,) tokens a micro-batch may hold without recompute
+    num_gpus: int
+    finish_lb: float  # analytic lower bound on the latest finish (no sync)
+    sync: float
+    _lists: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def lists(self) -> tuple[list, list, list]:
+        """time, r_min and tokens as Python lists (the per-sequence loop reads these)."""
+        if not self._lists:
+            self._lists["v"] = (self.time.tolist(), self.r_min.tolist(), self.tokens.tolist())
+        return self._lists["v"]
+
+
+def make_instance(batch: Batch, cost: CostModel) -> Instance:
+    tab = seq_table(batch, cost)
+    deg = np.asarray(tab.degrees)
+    zero = np.zeros(cost.num_features)
+    const = np.array([float(cost.time(zero, int(d), 0)) for d in deg])
+    per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()
+    cap = np.array(
+        [max(cost.capacity(s, int(d)) for s in cost.cluster.placements(int(d))) for d in deg]
+    )
+    cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * (1 - 1e-9)
+    lb = lower_bound(batch, cost)
+    return Instance(
+        ids=np.array([s.id for s in batch.sequences]),
+        degrees=deg,
+        time=tab.time,
+        marginal=tab.time_marginal,
+        feats=tab.feats,
+        r_min=tab.r_min,
+        tokens=tab.tokens,
+        const=const,
+        cap0=cap0,
+        num_gpus=cost.cluster.num_gpus,
+        finish_lb=lb.value_s - lb.grad_sync_s,
+        sync=lb.grad_sync_s,
+    )
+
+
+@dataclass
+class Draft:
+    """A candidate plan as index lists: phase 0 (optional) and the main phase."""
+
+    phase0: list[tuple[int, int, list[tuple[list[int], int]]]]  # (start, degree, bins)
+    groups: list[tuple[int, int, list[tuple[list[int], int]]]]
+    finish_s: float  # exact on homogeneous clusters
+    how: tuple = ()  # which candidate made it (replayed on other blocks by greedy_blocks)
+
+
+# ---- step 1: degrees ------------------------------------------------------------------
+def preferred_degrees(inst: Instance, target: float, usable: np.ndarray) -> np.ndarray:
+    """Index of the least-work degree finishing within `target`, else the fastest one."""
+    t = np.where(usable[None, :], inst.time, np.inf)
+    work = np.where(t <= target, t * inst.degrees[None, :], np.inf)
+    pref = np.argmin(work, axis=1)
+    none = ~np.isfinite(work[np.arange(len(pref)), pref])
+    pref[none] = np.argmin(t[none], axis=1)
+    return pref
+
+
+# ---- step 2: layout -------------------------------------------------------------------
+def layout(
+    inst: Instance, items: np.ndarray, pref: np.ndarray, target: float, ranks: int
+) -> list[int]:
+    """Degree indices of the groups, summing to at most `ranks` GPUs, widest first."""
+    deg = inst.degrees
+    p = pref[items]
+    tp = inst.time[items, p]
+    frac = np.bincount(p, weights=tp, minlength=len(deg)) / max(target, 1e-12)
+    # A sequence longer than T/2 cannot share a group within T: give each its own.
+    big = np.bincount(p[tp > target / 2], minlength=len(deg))
+    frac = np.maximum(frac, big)
+    need = float((frac * deg).sum())
+    if need > ranks:
+        frac = frac * ranks / need
+    counts = np.floor(frac).astype(int)
+    left = ranks - int((counts * deg).sum())
+    for j in np.argsort(-(frac - counts) * deg, kind="stable"):
+        if frac[j] > counts[j] and deg[j] <= left:
+            counts[j] += 1
+            left -= int(deg[j])
+    out = [j for j in range(len(deg) - 1, -1, -1) for _ in range(counts[j])]
+    # Leftover ranks: the widest group that fits, among degrees some sequence can use.
+    useful = [j for j in range(len(deg)) if np.isfinite(inst.time[:, j]).any()]
+    for j in sorted(useful, key=lambda j: -deg[j]):
+        while deg[j] <= left:
+            out.append(j)
+            left -= int(deg[j])
+    return sorted(out, key=lambda j: -deg[j])
+
+
+def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tuple[int, int]]:
+    """(start, degree index) on aligned ranges: buddy order, scanning only on a clash."""
+    free = np.ones(inst.num_gpus, dtype=bool)
+    free[:first] = False
+    out, cursor = [], first
+    for j in groups:
+        d = int(inst.degrees[j])
+        start = cursor if _fits(free, cursor, d, cluster) else _scan(free, d, cluster)
+        if start is None:
+            continue
+        free[start : start + d] = False
+        out.append((start, j))
+        cursor = start + d
+    return out
+
+
+def _fits(free, start, d, cluster) -> bool:
+    if start % d or start + d > len(free) or not free[start : start + d].all():
+        return False
+    return d > cluster.gpus_per_node or not cluster.spans_nodes(start, d)
+
+
+def _scan(free, d, cluster):
+    for s in range(0, len(free) - d + 1, d):
+        if _fits(free, s, d, cluster):
+            return s
+    return None
