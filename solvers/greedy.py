@@ -47,6 +47,7 @@ GRID_PREF = (1.0, 1.03)
 GRID_EFT = (1.0,)
 REFINE = (0.97, 0.99)  # then targets just under the best finish so far
 SMALL = 0.02
+FAST_N = 300  # above this many sequences: one target, one refinement, the uniform layouts
 
 # ---- steps 3 and 4: assignment and packing ---------------------------------------------
 
@@ -272,7 +273,11 @@ def search(inst: Instance, cluster) -> list[Draft]:
     whose cheap bound cannot beat the best so far is skipped."""
     drafts = [safe_draft(inst, cluster)]
     seen: set = set()
-    for f, eft in [(f, False) for f in GRID_PREF] + [(f, True) for f in GRID_EFT]:
+    big = len(inst.ids) > FAST_N  # many sequences balance well: fewer candidates
+    grid_pref, grid_eft, refine = (
+        (GRID_PREF[:1], (), REFINE[-1:]) if big else (GRID_PREF, GRID_EFT, REFINE)
+    )
+    for f, eft in [(f, False) for f in grid_pref] + [(f, True) for f in grid_eft]:
         for two in (False, True):
             spec = spec_for(inst, cluster, inst.finish_lb * f, two)
             if spec is None:
@@ -297,7 +302,7 @@ def search(inst: Instance, cluster) -> list[Draft]:
                 best = min(best, d.finish_s)
     # Refine: aim just under the best finish found (the grid is anchored on the bound, which
     # can sit far below what any plan reaches).
-    for f in REFINE:
+    for f in refine:
         f_abs = best * f / inst.finish_lb
         d = draft_for(inst, cluster, inst.finish_lb * f_abs, False)
         if d is not None:
