@@ -5,6 +5,12 @@ modes (plan on rank 0 + broadcast, plan everywhere deterministically) giving the
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from dcp_opt.runtime.data import DcpLoader, PlannedBatch, form_batches, local_ids
@@ -207,3 +213,63 @@ def test_planning_runs_ahead_in_a_background_thread():
     assert 4 <= len(seen) <= 5, seen
     assert set(seen) == {"dcp-plan-ahead"}
     it.close()
+
+
+# ---- the documented integration, run for real -------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+SNIPPET_SETUP = """
+import torch
+import torch.distributed as dist
+from dcp_opt.runtime import LMConfig, TinyLM
+from dcp_opt.runtime.launch import cpu_cost_model, init_distributed
+from dcp_opt.runtime.models import model_spec
+
+rank, world = init_distributed()
+torch.manual_seed(0)
+cfg = LMConfig(vocab_size=32, hidden=16, num_heads=4, num_layers=2, ffn_hidden=32)
+model = TinyLM(cfg)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+lengths = [5, 40, 3, 17, 9, 2, 33, 12, 7, 21, 4, 28, 6, 11, 8, 19]
+dataset = [torch.arange(n + 1) % 32 for n in lengths]
+cost = cpu_cost_model(model_spec(cfg), world, fit_tokens=20)
+"""
+SNIPPET_END = """
+print(f"rank {rank} ran {step + 1} steps", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def torchrun(args: list[str], *, timeout_s: float = 120.0) -> str:
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    proc = subprocess.run(
+        cmd + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def doc_snippet(path: Path) -> str:
+    text = path.read_text()
+    block = text.split("<!-- snippet:start -->")[1].split("<!-- snippet:end -->")[0]
+    return block.split("```python")[1].split("```")[0]
+
+
+def test_integration_snippet_runs_under_torchrun(tmp_path):
+    snippet = doc_snippet(ROOT / "docs" / "integration.md")
+    lines = [ln for ln in snippet.splitlines() if ln.strip()]
+    assert len(lines) <= 10, lines  # the promise: at most 10 added lines
+    assert snippet in (ROOT / "examples" / "README.md").read_text()  # one snippet, two places
+    script = tmp_path / "snippet.py"
+    script.write_text(SNIPPET_SETUP + snippet + SNIPPET_END)
+    out = torchrun(["2", str(script)])
+    # 16 samples in batches of 8: 2 steps on every rank.
+    assert "rank 0 ran 2 steps" in out and "rank 1 ran 2 steps" in out, out
+
+
+def test_example_train_lm_runs_under_torchrun():
+    out = torchrun(["2", "examples/train_lm.py", "--steps", "2", "--num-samples", "32"])
+    steps = [ln for ln in out.splitlines() if ln.startswith("step ")]
+    assert len(steps) == 2, out
+    for line in steps:  # plan summary, predicted and measured time, loss on every step
+        assert re.search(r"phases \[.+\].*predicted [\d.]+s measured [\d.]+s \| loss [\d.]+", line)
