@@ -7,6 +7,7 @@ HYPOTHESIS_PROFILE=nightly for 10,000 per property.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import itertools
 import json
@@ -399,3 +400,21 @@ def test_cpsat_optimal_is_no_slower_than_brute_force_pinned(name):
     res = run(name, hs.Instance(cost, batch))
     assert res.status == "optimal"
     assert res.predicted_step_time_s <= t * (1 + 1e-6), (res.predicted_step_time_s, t)
+
+
+LP = importlib.util.find_spec("dcp_opt.solvers.lp_bound") is not None
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@given(data=st.data())
+def test_lp_bound_is_below_any_valid_plan(dense, data):
+    # cpsat reports max(analytic, LP) as its bound; it is certified only if no valid plan
+    # (here: tight random plans, many tiny sequences included) beats it
+    assert LP, "solvers/lp_bound.py is missing"
+    from dcp_opt.solvers.lp_bound import lp_bound
+
+    inst = data.draw(hs.instances())
+    plan = data.draw(hs.valid_plans(inst, dense=dense))
+    sim = simulate(plan, inst.batch, inst.cost)
+    bound = lp_bound(inst.batch, inst.cost, upper_s=sim.step_time_s, time_limit_s=10.0)
+    assert sim.step_time_s >= bound.value_s * (1 - REL), (sim.step_time_s, bound)
