@@ -35,7 +35,11 @@ Scale: the exact model (every sequence, every micro-batch, every recompute level
 batch) for small batches; otherwise classes are identical shapes, or 16 quantiles of cost
 (FlexSP), their members dealt longest first, then packed within each group (first-fit
 decreasing) and, as a second candidate, re-listed by the greedy's LPT on the model's layout
-and degrees. Homogeneous clusters only (mixed ones get the greedy plan, status "fallback").
+and degrees. Only improvements are sought: degrees at which a class's members all outlast
+the incumbent are left out, and budgets under 2 s open at most a quarter more groups of a
+degree than the incumbent has (2 of a degree it lacks), a neighbourhood search.
+Homogeneous clusters only (mixed ones get the greedy plan, status "fallback"). Clusters
+above 256 GPUs keep the greedy's block plan (solvers/greedy_blocks.py).
 
 Anytime and safe: the greedy runs first; its plan is the hint and the fallback, and the best
 of it and any `incumbents` (other planners' plans) is returned unless CP-SAT finds better, so
@@ -71,7 +75,8 @@ EXACT_MAX_SEQS = 8  # exact model up to this many sequences ...
 EXACT_MAX_GPUS = 16  # ... on up to this many GPUs
 MAX_MODEL_GPUS = 256  # larger clusters keep the greedy's block plan
 LP_MAX_SEQS = 64  # HiGHS runs on batches up to this size (one solve takes ~10-40 ms at 200)
-RESERVE_S = 0.015  # kept back from the budget for extraction and validation
+RESERVE_S = 0.015
+FULL_MODEL_S = 2.0  # budgets from this long get every slot, not only the greedy's neighbourhood  # kept back from the budget for extraction and validation
 
 
 def plan_cpsat(
@@ -142,9 +147,11 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     if c.num_gpus > MAX_MODEL_GPUS:
         return None, "feasible", "greedy block plan (cluster too large for the model)"
     exact = len(inst.ids) <= EXACT_MAX_SEQS and c.num_gpus <= EXACT_MAX_GPUS
-    near: dict = {}
-    for _, j, _ in best.groups:
-        near[j] = near.get(j, 0) + 1
+    near: dict | None = None  # short budgets search near the greedy's layout only
+    if limit < FULL_MODEL_S:
+        near = {}
+        for _, j, _ in best.groups:
+            near[j] = near.get(j, 0) + 1
     data = cm.make_data(inst, cost, best.finish_s, exact, near=near)
     model, v = cm.build(data, 8 * cm.RESOLUTION)
     stats["hinted"] = cx.add_hint(model, data, v, best)
