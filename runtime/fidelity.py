@@ -6,6 +6,7 @@ micro-batch times. Functions take a `runtime.testing.WorkerContext` first, as
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
 
@@ -15,7 +16,6 @@ import torch.distributed as dist
 from dcp_opt.batch import Batch
 from dcp_opt.plan import Plan
 
-from . import parallelize as _par
 from .executor import execute_step
 from .models import LMConfig, TinyLM
 from .parallelize import SPState, parallelize
@@ -32,7 +32,10 @@ def setup_lm(ctx, cfg: dict, attention: str, seed: int = 0) -> int:
     attention="per_segment" makes the runtime's Ulysses attention call the block-diagonal
     kernel (cost sum s^2, as the cost model assumes) instead of the [T, T]-masked default."""
     if attention == "per_segment":
-        _par.segment_attention = per_segment_attention  # looked up at call time
+        # The package re-exports the function `parallelize` under the submodule's name, so
+        # fetch the module itself; its closures look `segment_attention` up at call time.
+        module = importlib.import_module("dcp_opt.runtime.parallelize")
+        module.segment_attention = per_segment_attention
     torch.manual_seed(seed)
     state = SPState()
     model = parallelize(TinyLM(LMConfig(**cfg)), state)
@@ -68,14 +71,33 @@ def _data(batch: Batch, vocab: int, seed: int):
     return get
 
 
+class CpuTimedTask:
+    """Wraps a task: records the calling thread's CPU time of every micro-batch (the executor
+    calls task.run once per micro-batch, in the order of its report). With one intra-op
+    thread, forward and backward run on this thread; gloo's transfers run on gloo's threads
+    and waiting for a peer costs no CPU time, so this is the compute a rank did, whatever
+    other processes do to the shared cores."""
+
+    def __init__(self, task):
+        self.task, self.cpu_s = task, []
+
+    def run(self, *args, **kwargs):
+        t0 = time.thread_time()
+        out = self.task.run(*args, **kwargs)
+        self.cpu_s.append(time.thread_time() - t0)
+        return out
+
+
 def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> dict:
-    """Execute the plan `warmup + steps` times; this rank's timed steps and micro-batches."""
+    """Execute the plan `warmup + steps` times; this rank's timed steps and micro-batches
+    as (phase, start rank, degree, index, sequence ids, recompute, wall s, CPU s)."""
     plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
-    model, state, task = _STATE["model"], _STATE["state"], _STATE["task"]
+    model, state = _STATE["model"], _STATE["state"]
     data = _data(batch, _STATE["cfg"].vocab_size, 0)
     out = {"step_s": [], "grad_sync_s": [], "micro_batches": []}
     for step in range(warmup + steps):
         model.zero_grad(set_to_none=True)
+        task = CpuTimedTask(_STATE["task"])
         rep = execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=step)
         if step < warmup:
             continue
@@ -91,8 +113,9 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
                     list(m.sequence_ids),
                     m.recompute_layers,
                     m.seconds,
+                    cpu,
                 )
-                for m in rep.micro_batches
+                for m, cpu in zip(rep.micro_batches, task.cpu_s, strict=True)
             ]
         )
     return out

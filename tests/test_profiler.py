@@ -308,3 +308,48 @@ def test_cli_profiles_writes_and_loads(tmp_path, capsys):
     prof = load_profile(out, model=spec)  # the file is for exactly this model
     assert prof.coefficients.source == "profile" and prof.model.num_layers == 3
     assert (tmp_path / "p.json.points.json").exists()
+
+
+# ---- fidelity benchmark helpers --------------------------------------------------------
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_fidelity.py"
+    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fidelity_cost_calibrates_grad_sync_and_link(tmp_path):
+    from dcp_opt.profile_io import A2AMeasurement
+
+    bench = _bench()
+    clock = FakeClock()
+    target = ProfileTarget(SPEC, {"layer": ChargedBlock(clock)}, signature="fake")
+    prof = P.profile_model(target, SMALL, clock=clock, progress=False)
+    a2a = A2AMeasurement(2, 5e8, 2e-4)
+    cost = bench.make_cost(prof, 2, a2a, grad_sync_s=0.03)
+    assert cost.grad_sync_time() == pytest.approx(0.03)  # calibrated to the measurement
+    assert cost.cluster.intra_node_bw == 5e8
+    assert cost.cluster.intra_node_latency_s == pytest.approx(2e-4)  # 1 peer at degree 2
+    b = bench.make_batch(3, 1000)
+    assert b.num_tokens >= 1000 and all(32 <= s.shape[0] <= 2048 for s in b.sequences)
+
+
+def test_fidelity_microbatch_samples_use_group_leaders():
+    bench = _bench()
+    from tests.toy import toy_cost
+
+    cost = toy_cost()
+    batch = Batch.from_lengths([10, 20])
+    # one step; rank 0 leads a degree-2 group (seq 0), rank 1 is its member (ignored)
+    # row: (phase, start, degree, index, ids, recompute, wall s, cpu s)
+    runs = [
+        {"micro_batches": [[(0, 0, 2, 0, [0], 0, 40.0, 30.0)]]},
+        {"micro_batches": [[(0, 0, 2, 0, [0], 0, 99.0, 99.0)]]},
+    ]
+    # toy: 6T/d + 0.5 = 6*10/2 + 0.5 = 30.5 predicted
+    assert bench.microbatch_samples(cost, batch, runs, "wall") == [(2, 30.5, 40.0)]
+    assert bench.microbatch_samples(cost, batch, runs, "cpu") == [(2, 30.5, 30.0)]
