@@ -141,10 +141,11 @@ def execute_step(
     Gradients accumulate into `.grad`: zero them before the step as in any training loop."""
     if check_plan:
         check_same_plan(plan)
+    pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
     get = data if callable(data) else data.__getitem__
     rank = pool.rank
     started = time.perf_counter()
-    loss = torch.zeros((), dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     times: list[MicroBatchTime] = []
     for p in range(len(plan.phases)):
         group = plan.group_of(rank, p)

@@ -80,3 +80,18 @@ class GroupPool:
 
     def member_of(self, start: int, degree: int) -> bool:
         return start <= self.rank < start + degree
+
+    def check_plan(self, plan) -> None:
+        """Fail on every rank alike (no collective) if a plan needs a group the pool lacks."""
+        if plan.num_ranks != self.world_size:
+            raise DcpOptError(
+                f"plan.num_ranks: {plan.num_ranks} but the world has {self.world_size} ranks"
+            )
+        for p, phase in enumerate(plan.phases):
+            for g in phase.groups:
+                if (g.start_rank, g.degree) not in self.groups:
+                    raise DcpOptError(
+                        f"plan.phases[{p}]: group at start {g.start_rank} with degree "
+                        f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)} "
+                        "at starts that are multiples of the degree"
+                    )

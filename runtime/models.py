@@ -52,7 +52,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
 def sinusoid(values: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """Sinusoidal embedding (Vaswani et al. 2017, sec. 3.5) of integer or real values."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=dtype) / half)
+    freqs = torch.arange(half, dtype=dtype, device=values.device)
+    freqs = torch.exp(-math.log(10000.0) * freqs / half)
     ang = values.to(dtype)[..., None] * freqs
     return torch.cat([ang.sin(), ang.cos()], dim=-1)
 
@@ -189,8 +190,9 @@ class TinyDiT(nn.Module):
     def forward(self, x, t, text, frame_ids=None, spatial_ids=None):
         num_f, num_s, _ = x.shape
         dt, c = x.dtype, self.cfg.hidden
-        frame_ids = torch.arange(num_f) if frame_ids is None else frame_ids
-        spatial_ids = torch.arange(num_s) if spatial_ids is None else spatial_ids
+        dev = x.device
+        frame_ids = torch.arange(num_f, device=dev) if frame_ids is None else frame_ids
+        spatial_ids = torch.arange(num_s, device=dev) if spatial_ids is None else spatial_ids
         pos = sinusoid(frame_ids, c, dt)[:, None, :] + sinusoid(spatial_ids, c, dt)[None, :, :]
         h = self.inp(x) + pos + self.time(sinusoid(t * 1000.0, c, dt))
         txt = self.text(text)

@@ -63,11 +63,11 @@ class LMTask:
         return {k: pad_dim(torch.cat(v), 0, size, pad[k]) for k, v in cols.items()}
 
     def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
-        sp = state.sp
+        sp, dev = state.sp, next(model.parameters()).device
         whole = self.pack(samples, kind, sp.degree)
         _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
-        part = {k: v[lo:hi] for k, v in whole.items()}
-        state.segments = whole["segments"]
+        part = {k: v[lo:hi].to(dev) for k, v in whole.items()}
+        state.segments = whole["segments"].to(dev)
         logits = model(part["tokens"], part["positions"], part["segments"])
         labels = part["labels"].clamp(min=0)
         per_token = F.cross_entropy(logits, labels, reduction="none")
@@ -79,8 +79,10 @@ class LMTask:
 
     def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
         """Unscaled loss of one whole sequence on one device (no packing, no padding)."""
-        n = sample.shape[0] - 1
-        logits = model(sample[:-1], torch.arange(n), torch.zeros(n, dtype=torch.long))
+        n, dev = sample.shape[0] - 1, next(model.parameters()).device
+        sample = sample.to(dev)
+        pos = torch.arange(n, device=dev)
+        logits = model(sample[:-1], pos, torch.zeros_like(pos))
         return F.cross_entropy(logits, sample[1:], reduction="sum") * _token_weight(kind, n)
 
 
@@ -94,7 +96,7 @@ class DiffusionTask:
 
     def noise(self, sample, step: int, sequence_id: int):
         g = seeded_generator(step, sequence_id, seed=self.seed, salt="diffusion")
-        x = sample["x"]
+        x = sample["x"].cpu()
         t = torch.rand((), generator=g, dtype=x.dtype)
         eps = torch.randn(x.shape, generator=g, dtype=x.dtype)
         abar = torch.cos(t * torch.pi / 2) ** 2
@@ -103,17 +105,21 @@ class DiffusionTask:
     def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
         # One forward+backward per video: the swapped-in functions read per-video state, and
         # checkpointed layers recompute during this video's backward, before it changes.
-        total = torch.zeros((), dtype=torch.float64)
-        sp = state.sp
+        sp, dev = state.sp, next(model.parameters()).device
+        total = torch.zeros((), dtype=torch.float64, device=dev)
         for sid, sample in samples:
+            # Noise is drawn on the CPU from the seeded generator, then moved: identical on
+            # every member and on any device.
             t, eps, xt = self.noise(sample, step, sid)
             num_f, num_s, _ = xt.shape
             f_pad, lo, hi = shard_bounds(num_f, sp.degree, sp.rank)
-            state.frame_mask = torch.arange(f_pad) < num_f
+            state.frame_mask = (torch.arange(f_pad) < num_f).to(dev)
             state.num_spatial = num_s
-            xt_l = pad_dim(xt, 0, f_pad)[lo:hi]
-            eps_l = pad_dim(eps, 0, f_pad)[lo:hi]
-            out = model(xt_l, t, sample["text"], frame_ids=torch.arange(lo, hi))
+            xt_l = pad_dim(xt, 0, f_pad)[lo:hi].to(dev)
+            eps_l = pad_dim(eps, 0, f_pad)[lo:hi].to(dev)
+            text = sample["text"].to(dev)
+            frame_ids = torch.arange(lo, hi, device=dev)
+            out = model(xt_l, t.to(dev), text, frame_ids=frame_ids)
             per_token = ((out - eps_l) ** 2).mean(-1)
             w = _token_weight(kind, num_f * num_s) * state.frame_mask[lo:hi].to(out.dtype)
             loss = (per_token * w[:, None]).sum() * scale
@@ -123,7 +129,8 @@ class DiffusionTask:
 
     def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
         """Unscaled loss of one whole video on one device (no sharding, no padding)."""
-        t, eps, xt = self.noise(sample, step, sequence_id)
-        out = model(xt, t, sample["text"])
+        dev = next(model.parameters()).device
+        t, eps, xt = (x.to(dev) for x in self.noise(sample, step, sequence_id))
+        out = model(xt, t, sample["text"].to(dev))
         per_token = ((out - eps) ** 2).mean(-1)
         return per_token.sum() * _token_weight(kind, per_token.numel())
