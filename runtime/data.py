@@ -23,7 +23,6 @@ every rank, and loaded so that each rank reads only the samples its groups train
 
 from __future__ import annotations
 
-import importlib.util
 import queue
 import threading
 import time
@@ -104,8 +103,10 @@ def local_ids(plan: Plan, rank: int) -> list[int]:
 
 
 def default_planner() -> str:
-    """ "cpsat" when its module is in this checkout, else "greedy"."""
-    return "cpsat" if importlib.util.find_spec("dcp_opt.solvers.cpsat") else "greedy"
+    """The optimizing planner ("cpsat") when it is built in this checkout, else "greedy"."""
+    from dcp_opt.solvers import available_planners  # public entry; imports no planner
+
+    return "cpsat" if "cpsat" in available_planners() else "greedy"
 
 
 @dataclass(frozen=True)
