@@ -288,8 +288,9 @@ def group_layouts(draw, cluster: Cluster) -> list[tuple[int, int]]:
 
 @st.composite
 def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
-    """Phase 0 on a random layout; sequences that fit none of its groups go to later phases,
-    each one group of the largest degree at its roomiest placement (always feasible).
+    """One to three phases on random layouts (one when dense); sequences that fit none of
+    their phase's groups go to one or two last phases, each one group of the largest degree
+    at its roomiest placement (always feasible).
 
     `dense` plans are the tight ones a good planner makes (they are what tests a lower bound):
     each sequence goes to the fitting group with the least work so far, micro-batches are
@@ -298,22 +299,29 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
     cost, batch = inst.cost, inst.batch
     L = cost.model.num_layers
     dense = draw(BOOLS) if dense is None else dense
-    layout = draw(group_layouts(cost.cluster))
+    layouts = [draw(group_layouts(cost.cluster)) for _ in range(1 if dense else draw(ints(1, 3)))]
     dmax, _ = fit_capacity(cost)
     best = max(cost.cluster.placements(dmax), key=lambda s: cost.capacity(s, dmax))
-    assigned: dict[tuple[int, int], list[int]] = {g: [] for g in layout}
-    load = {g: 0.0 for g in layout}
+    # groups are keyed (phase, start, degree)
+    assigned = {(p, *g): [] for p, layout in enumerate(layouts) for g in layout}
+    load = dict.fromkeys(assigned, 0.0)
     late: list[int] = []
     for s in sorted(batch.sequences, key=lambda s: -s.num_tokens):
-        fits = [g for g in layout if _fits(cost, s.num_tokens, *g) >= 0]
+        p = draw(ints(0, len(layouts) - 1))
+        fits = [k for k in assigned if k[0] == p and _fits(cost, s.num_tokens, *k[1:]) >= 0]
         if not fits:
             late.append(s.id)
             continue
-        g = min(fits, key=lambda g: (load[g], g)) if dense else pick(draw, fits)
-        assigned[g].append(s.id)
-        load[g] += s.num_tokens / g[1] / cost.cluster.group_speed(*g)
+        k = min(fits, key=lambda k: (load[k], k)) if dense else pick(draw, fits)
+        assigned[k].append(s.id)
+        load[k] += s.num_tokens / k[2] / cost.cluster.group_speed(*k[1:])
     phases = [
-        [_group(draw, cost, batch, start, d, ids, L, dense) for (start, d), ids in assigned.items()]
+        [
+            _group(draw, cost, batch, st_, d, ids, L, dense)
+            for (q, st_, d), ids in assigned.items()
+            if q == p
+        ]
+        for p in range(len(layouts))
     ]
     n_late_phases = draw(ints(1, 2)) if late else 0
     for k in range(n_late_phases):

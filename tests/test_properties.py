@@ -92,6 +92,35 @@ def test_any_valid_plan_simulates_to_at_least_the_lower_bound(data):
 
 
 @given(st.data())
+def test_simulation_invariants(data):
+    # For any valid plan: busy + idle = finish on every rank; step = finish + gradient sync;
+    # a group's micro-batches run back to back and never overlap another phase's use of the
+    # same rank; every sequence runs in exactly one event; peak memory within capacity.
+    inst = data.draw(hs.instances(max_seqs=12))
+    plan = data.draw(hs.valid_plans(inst))
+    cost, c = inst.cost, inst.cluster
+    sim = simulate(plan, inst.batch, cost)
+    tol = 1e-9 * max(sim.finish_s, 1e-12)
+    assert sim.step_time_s == pytest.approx(sim.finish_s + cost.grad_sync_time(), rel=REL)
+    assert (sim.busy_s + sim.idle_s) == pytest.approx([sim.finish_s] * c.num_gpus, rel=REL)
+    assert min(sim.idle_s) >= -tol and 0 <= sim.imbalance <= 1 + REL
+    assert sorted(s for e in sim.events for s in e.sequence_ids) == sorted(
+        s.id for s in inst.batch.sequences
+    )
+    last_end = [0.0] * c.num_gpus  # events come phase by phase, group by group, in order
+    for e in sim.events:
+        ranks = range(e.start_rank, e.start_rank + e.degree)
+        assert e.start_s >= max(last_end[r] for r in ranks) - tol
+        for r in ranks:
+            last_end[r] = e.end_s
+    assert max(last_end) == pytest.approx(sim.finish_s, rel=REL, abs=1e-12)
+    for r in range(c.num_gpus):
+        assert sim.peak_memory_bytes[r] <= c.rank_memory(r) * cost.usable_memory_fraction * (
+            1 + REL
+        )
+
+
+@given(st.data())
 def test_random_plans_round_trip_through_json(data):
     inst = data.draw(hs.instances(max_seqs=12))
     plan = data.draw(hs.valid_plans(inst))
