@@ -210,9 +210,10 @@ def test_never_slower_than_greedy_or_named_incumbents():
 
 def test_improves_on_greedy_given_time():
     # 2d-long seed 1: four 8-GPU groups (greedy) vs one 16-GPU group packing two 720p/408f
-    # clips without recompute plus two 8-GPU groups (CP-SAT, optimal in well under 5 s).
+    # clips without recompute plus two 8-GPU groups. Deterministic time, so machine load
+    # cannot starve the solver.
     batch, cost, greedy = _setup()
-    res = plan_cpsat(batch, cost, time_limit_s=5.0)
+    res = plan_cpsat(batch, cost, time_limit_s=1.5, deterministic=True)
     assert res.predicted_step_time_s < greedy.predicted_step_time_s * 0.99
 
 
