@@ -118,7 +118,10 @@ def plan_cpsat(
         batch,
         cost,
         upper_s=result.predicted_step_time_s,
-        time_limit_s=0.0 if deterministic else min(0.03, time_limit_s / 4),
+        # HiGHS only while the budget lasts (the separable bound is always computed).
+        time_limit_s=0.0
+        if deterministic
+        else min(0.03, time_limit_s - (time.perf_counter() - started) - 0.005),
         max_lp_seqs=0 if deterministic else LP_MAX_SEQS,
     )
     stats.update(lp_bound_s=lp.value_s, analytic_bound_s=result.lower_bound_s)

@@ -147,7 +147,7 @@ def lp_bound(
     else:
         sep, _ = _bisect(lambda t: _separable_ok(dat, t), lo, hi, 40, float("inf"))
     best, calls = sep, 0
-    if len(batch) <= max_lp_seqs and time_limit_s > 0 and not _lp_ok(dat, sep):
+    if len(batch) <= max_lp_seqs and time_limit_s > 0.005 and not _lp_ok(dat, sep):
         best, calls = _bisect(lambda t: _lp_ok(dat, t), sep, hi, 12, start + time_limit_s)
         calls += 1
     return LPBound(max(best, lo) + sync, max(sep, lo) + sync, calls)
