@@ -69,11 +69,9 @@ def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dr
     v = value[0].repeat_interleave(groups, dim=0).transpose(0, 1)
     segments = state.segments
     if segments is None:  # plain single-sequence call (no executor): one segment
-        segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long)
+        segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long, device=q.device)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = ulysses_attention(
-        q, k, v, state.sp, _local_attention, segments=segments.to(q.device), scaling=scale
-    )
+    out = ulysses_attention(q, k, v, state.sp, _local_attention, segments=segments, scaling=scale)
     return out[None], None
 
 
@@ -153,7 +151,7 @@ class HFCausalLMTask:
         loss = (per_token * part["weights"].to(per_token)).sum() * scale
         loss.backward()
         state.segments = None
-        return loss.detach().cpu()
+        return loss.detach()
 
     def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
         """Unscaled loss of one whole sequence on one device, through the model's own
