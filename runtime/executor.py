@@ -143,46 +143,28 @@ def execute_step(
         check_same_plan(plan)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
     get = data if callable(data) else data.__getitem__
-    rank = pool.rank
     started = time.perf_counter()
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     times: list[MicroBatchTime] = []
     for p in range(len(plan.phases)):
-        group = plan.group_of(rank, p)
+        group = plan.group_of(pool.rank, p)
         if not group.micro_batches:
-            continue
-        state.sp = (
-            SPGroup.single()
-            if group.degree == 1
-            else SPGroup(
-                pool.get(group.start_rank, group.degree), group.degree, rank - group.start_rank
-            )
-        )
+            continue  # idle in this phase: nothing to wait for, no barrier between phases
+        state.sp = _sp_group(pool, group)
         for k, mb in enumerate(group.micro_batches):
             t0 = time.perf_counter()
             state.recompute_layers = mb.recompute_layers
             samples = [(sid, get(sid)) for sid in mb.sequence_ids]
-            part = task.run(
-                model,
-                samples,
-                state,
-                step=step,
-                kind=plan.normalizer_kind,
-                scale=1.0 / plan.loss_normalizer,
-            )
-            loss += part.to(loss.dtype)
+            kw = {"step": step, "kind": plan.normalizer_kind, "scale": 1 / plan.loss_normalizer}
+            loss += task.run(model, samples, state, **kw).to(loss.dtype)
             _sync()
+            seconds = time.perf_counter() - t0
             times.append(
                 MicroBatchTime(
-                    p,
-                    group.start_rank,
-                    group.degree,
-                    k,
-                    mb.sequence_ids,
-                    mb.recompute_layers,
-                    time.perf_counter() - t0,
+                    p, group.start_rank, group.degree, k, mb.sequence_ids,
+                    mb.recompute_layers, seconds,
                 )
-            )
+            )  # fmt: skip
     t_sync = time.perf_counter()
     dtype = next(model.parameters()).dtype
     total = sum_gradients(model, extra=loss.to(dtype))
@@ -192,6 +174,13 @@ def execute_step(
     return StepReport(
         float(total), end - started, end - t_sync, plan.predicted_step_time_s, tuple(times)
     )
+
+
+def _sp_group(pool: GroupPool, group) -> SPGroup:
+    if group.degree == 1:
+        return SPGroup.single()  # no collective at all inside a one-rank group
+    handle = pool.get(group.start_rank, group.degree)
+    return SPGroup(handle, group.degree, pool.rank - group.start_rank)
 
 
 def _sync() -> None:

@@ -168,9 +168,9 @@ def workers(request):
     w.close()
 
 
-# Each example is a real multi-process step (~0.3-3 s on 2 cores): a third of the profile's
-# example count keeps the module near a minute in CI and still scales with the nightly profile.
-FEWER = settings(max_examples=max(4, settings.default.max_examples // 3))
+# Each example is a real multi-process step (~0.3-3 s on 2 cores): a fifth of the profile's
+# example count keeps the module short in CI and still scales with the nightly profile.
+FEWER = settings(max_examples=max(4, settings.default.max_examples // 5))
 
 
 @FEWER
@@ -202,9 +202,16 @@ def planner_case(kind: str, world: int):
 
 
 @pytest.mark.parametrize("kind", ["1d", "2d"])
-@pytest.mark.parametrize("planner", available_planners())
-def test_grad_equiv_planner_plans(workers, planner, kind):
+def test_grad_equiv_planner_plans(workers, kind):
+    # Every planner present on world 4 (their plans differ most there); on world 2 the two
+    # the benchmark compares. One test per (world, kind) keeps the worker pool warm.
+    names = available_planners() if workers.world_size == 4 else ["bucket", "greedy"]
+    assert {"bucket", "greedy"} <= set(names)
     batch, cost = planner_case(kind, workers.world_size)
-    plan = run_planner(planner, batch, cost).plan
-    assert validate(plan, batch, cost) == []
-    check_equivalent(workers, kind, plan, batch)
+    for name in names:
+        plan = run_planner(name, batch, cost).plan
+        assert validate(plan, batch, cost) == [], name
+        try:
+            check_equivalent(workers, kind, plan, batch)
+        except AssertionError as e:
+            raise AssertionError(f"planner {name}: {e}") from None
