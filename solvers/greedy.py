@@ -220,7 +220,7 @@ def safe_draft(inst: Instance, cluster) -> Draft:
     """Every sequence alone, one after another, on the widest group: always fits."""
     dmax = len(inst.degrees) - 1
     start = _widest_start(cluster, int(inst.degrees[dmax]))
-    bins = [([i], int(inst.r_min[i, dmax])) for i in range(len(inst.ids))]
+    bins = [([i], r) for i, r in enumerate(inst.r_min[:, dmax].tolist())]
     return Draft([], [(start, dmax, bins)], float(inst.time[:, dmax].sum()))
 
 
@@ -228,6 +228,7 @@ def to_phases(draft: Draft, inst: Instance, cost: CostModel) -> list[list[Group]
     """Index lists -> Groups; None if a micro-batch does not fit its group's memory."""
     phases = []
     hetero = cost.cluster.memory_per_rank is not None
+    ids = inst.ids.tolist()
     for part in (draft.phase0, draft.groups):
         groups = []
         for start, j, bins in part:
@@ -240,7 +241,7 @@ def to_phases(draft: Draft, inst: Instance, cost: CostModel) -> list[list[Group]
                     if need < 0:
                         return None
                     r = max(r, need)
-                mbs.append(MicroBatch(tuple(int(inst.ids[i]) for i in idx), int(r)))
+                mbs.append(MicroBatch(tuple([ids[i] for i in idx]), int(r)))
             groups.append(Group(start, d, tuple(mbs)))
         if groups:
             phases.append(groups)
