@@ -1,6 +1,10 @@
 """Train a small decoder LM under DCP plans on variable-length batches.
 
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20
+    torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --model hf-llama
+
+`--model hf-llama` trains an unmodified transformers `LlamaForCausalLM` (small config, random
+weights, nothing downloaded) through dcp_opt.runtime.hf instead of the runtime's TinyLM.
 
 The data path (dcp_opt.runtime.data.DcpLoader) cuts the dataset into global batches, plans
 each one in a background thread (cpsat when built, else greedy) on rank 0, broadcasts the
@@ -51,7 +55,26 @@ def parse_args():
     ap.add_argument("--num-samples", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", choices=("tiny", "hf-llama"), default="tiny")
     return ap.parse_args()
+
+
+def build_model(args, cfg: LMConfig, state: SPState, world: int):
+    """(parallelized model, task, cost model) for `--model`."""
+    # Memory for half the longest sequence per rank: long ones need SP (crude CPU costs).
+    fit = 0.5 * args.max_len
+    if args.model == "tiny":
+        model = parallelize(TinyLM(cfg), state)  # Ulysses attention + per-layer recompute
+        return model, LMTask(), cpu_cost_model(model_spec(cfg), world, fit_tokens=fit)
+    from dcp_opt.runtime.hf import HFCausalLMTask, llama_spec, parallelize_hf, tiny_llama
+
+    model = tiny_llama(
+        num_layers=cfg.num_layers, hidden=cfg.hidden, num_heads=cfg.num_heads,
+        vocab_size=cfg.vocab_size, intermediate=cfg.ffn_hidden, dtype=torch.float32,
+        seed=args.seed,
+    )  # fmt: skip
+    model = parallelize_hf(model, state)  # registers and selects "dcp_ulysses" attention
+    return model, HFCausalLMTask(), cpu_cost_model(llama_spec(model), world, fit_tokens=fit)
 
 
 def main():
@@ -59,23 +82,20 @@ def main():
     rank, world = init_distributed()
     torch.manual_seed(args.seed)  # same initial weights on every rank
     cfg = LMConfig(vocab_size=64, hidden=64, num_heads=4, num_layers=2, ffn_hidden=128)
-    model = TinyLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     dataset = ProgressionDataset(args.num_samples, args.max_len, cfg.vocab_size, args.seed)
-    # Memory for half the longest sequence per rank: long ones need SP (crude CPU costs).
-    cost = cpu_cost_model(model_spec(cfg), world, fit_tokens=0.5 * args.max_len)
 
     # ---- the lines DCP adds to a training loop ----
     pool = GroupPool.create()  # every process group a plan may use, once
     state = SPState()
-    model = parallelize(model, state)  # Ulysses attention + per-layer recompute, same params
+    model, task, cost = build_model(args, cfg, state, world)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = DcpLoader(dataset, dataset.lengths, cost, batch_size=args.batch_size,
                        planner=args.planner, seed=args.seed)  # fmt: skip
     step = 0
     while step < args.steps:
         for b in loader:
             opt.zero_grad(set_to_none=True)
-            report = execute_step(b.plan, LMTask(), model, b.samples, pool=pool, state=state,
+            report = execute_step(b.plan, task, model, b.samples, pool=pool, state=state,
                                   step=step)  # fmt: skip
             opt.step()
             if rank == 0:
