@@ -110,7 +110,7 @@ def test_single_process_epoch_covers_every_sample_once():
 
 
 # ---- several ranks ---------------------------------------------------------------------------
-def job_epoch(ctx, agree: str, batch_size: int):
+def job_epoch(ctx, agree: str, batch_size: int, planner: str = "greedy"):
     """On every rank: one epoch through the loader; per batch the plan JSON, the sample ids
     delivered, and the dataset reads of this rank."""
     data = CountingDataset(LENGTHS)
@@ -121,7 +121,7 @@ def job_epoch(ctx, agree: str, batch_size: int):
         batch_size=batch_size,
         agree=agree,
         seed=3,
-        planner="greedy",  # deterministic and fast; "auto" picks cpsat when it is built
+        planner=planner,  # greedy: deterministic and fast; "auto" picks cpsat when built
     )
     out = []
     for b in loader:
@@ -273,3 +273,19 @@ def test_example_train_lm_runs_under_torchrun():
     assert len(steps) == 2, out
     for line in steps:  # plan summary, predicted and measured time, loss on every step
         assert re.search(r"phases \[.+\].*predicted [\d.]+s measured [\d.]+s \| loss [\d.]+", line)
+
+
+def test_data_deterministic_cpsat_agrees_across_ranks(workers):
+    # agree="deterministic" runs cpsat in its deterministic mode on every rank (one worker,
+    # fixed seed, deterministic-time limit): both ranks must compute the same plans.
+    (steps0, _), (steps1, _) = workers.run(job_epoch, "deterministic", 5, "cpsat")
+    hashes = [[Plan.from_json(t).content_hash() for t, _, _ in steps] for steps in (steps0, steps1)]
+    assert hashes[0] == hashes[1]
+    assert len(hashes[0]) == 3
+
+
+def test_deterministic_agreement_asks_cpsat_for_its_deterministic_mode():
+    kw = dict(batch_size=2, planner="cpsat", rank=0, world_size=1)
+    det = DcpLoader([0], [3], cost_for(1), agree="deterministic", **kw)
+    assert det.planner_options == {"deterministic": True}
+    assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).planner_options == {}
