@@ -152,6 +152,7 @@ def workers():
     w.close()
 
 
+@pytest.mark.dist
 def test_data_epoch_each_rank_reads_only_its_samples(workers):
     by_mode = {agree: workers.run(job_epoch, agree, 5) for agree in ("broadcast", "deterministic")}
     for agree, ranks in by_mode.items():
@@ -181,6 +182,7 @@ def test_data_epoch_each_rank_reads_only_its_samples(workers):
     assert hashes["broadcast"] == hashes["deterministic"]
 
 
+@pytest.mark.dist
 def test_data_planning_failure_reaches_every_rank(workers):
     messages = workers.run(job_failing_plan)
     assert all("planning failed" in m for m in messages), messages
@@ -255,6 +257,8 @@ def doc_snippet(path: Path) -> str:
     return block.split("```python")[1].split("```")[0]
 
 
+@pytest.mark.slow
+@pytest.mark.dist
 def test_integration_snippet_runs_under_torchrun(tmp_path):
     snippet = doc_snippet(ROOT / "docs" / "integration.md")
     lines = [ln for ln in snippet.splitlines() if ln.strip()]
@@ -267,6 +271,8 @@ def test_integration_snippet_runs_under_torchrun(tmp_path):
     assert "rank 0 ran 2 steps" in out and "rank 1 ran 2 steps" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.dist
 def test_example_train_lm_runs_under_torchrun():
     out = torchrun(["2", "examples/train_lm.py", "--steps", "2", "--num-samples", "32"])
     steps = [ln for ln in out.splitlines() if ln.startswith("step ")]
@@ -275,6 +281,7 @@ def test_example_train_lm_runs_under_torchrun():
         assert re.search(r"phases \[.+\].*predicted [\d.]+s measured [\d.]+s \| loss [\d.]+", line)
 
 
+@pytest.mark.dist
 def test_data_deterministic_cpsat_agrees_across_ranks(workers):
     # agree="deterministic" runs cpsat in its deterministic mode on every rank (one worker,
     # fixed seed, deterministic-time limit): both ranks must compute the same plans.

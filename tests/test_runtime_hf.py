@@ -142,6 +142,7 @@ def workers(request):
     w.close()
 
 
+@pytest.mark.dist
 def test_grad_equiv_hf_llama_plans(workers):
     batch = Batch.from_lengths(LENGTHS)
     plans = hand_plans(workers.world_size, batch) + planner_plans(workers.world_size, batch)
@@ -159,6 +160,7 @@ def test_grad_equiv_hf_llama_plans(workers):
             assert grad_err <= TOL, (plan.planner, grad_err)
 
 
+@pytest.mark.dist
 def test_grad_equiv_hf_llama_grouped_query_heads(workers):
     # 2 kv heads repeated to 4 before the all-to-all: a degree-w group over the whole batch.
     batch = Batch.from_lengths(LENGTHS)
