@@ -31,8 +31,8 @@ Constraint groups:
   [Z] phase 0:     P0 = sum_k t_k,N z_k (those run alone, one after another, on the whole
                    cluster; then every rank re-forms)
   [M] makespan:    M >= P0 + load_js;  load_j,s >= load_j,s+1 (symmetry)
-Scale: the exact model (every sequence, every micro-batch, every recompute level of the
-batch) for small batches; otherwise classes are identical shapes, or 16 quantiles of cost
+Scale: the exact model (every sequence, every micro-batch, every recompute level 0..L while
+that stays small; status "optimal" only then) for small batches; otherwise classes are identical shapes, or 16 quantiles of cost
 (FlexSP), their members dealt longest first, then packed within each group (first-fit
 decreasing) and, as a second candidate, re-listed by the greedy's LPT on the model's layout
 and degrees. Only improvements are sought: degrees at which a class's members all outlast
@@ -193,7 +193,7 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
         if d is not None:
             d.finish_s = cx.draft_finish(d, inst, cost)
     pick = min((d for d in options if d is not None), key=lambda d: d.finish_s)
-    word = "optimal" if name == "OPTIMAL" and exact else "feasible"
+    word = "optimal" if name == "OPTIMAL" and data.complete else "feasible"
     if pick.finish_s >= best.finish_s * (1 - 1e-12):
         return None, word, "CP-SAT found nothing better than the greedy"
     return pick, word, "CP-SAT improved on the greedy"

@@ -38,6 +38,7 @@ class Data:
     unit: float  # seconds per unit
     exact: bool
     levels: dict = field(default_factory=dict)  # exact model: d -> [(r, c_units, cap_tok)]
+    complete: bool = False  # exact model with every recompute level 0..L: its optimum is exact
     mt_r: dict = field(default_factory=dict)  # exact model: (k, d, r) -> units
 
 
@@ -113,14 +114,20 @@ def make_data(
     return data
 
 
+LEVEL_BUDGET = 4000  # micro-batch x level booleans the exact model may spend on every level
+
+
 def _add_levels(data: Data, cost: CostModel) -> None:
-    """Recompute levels of the exact model: every r for models of <= 8 layers, else the
-    distinct r_min of the batch plus 0 and L (exact up to those levels)."""
+    """Recompute levels of the exact model: every r in 0..L while the micro-batch x level
+    variables stay under LEVEL_BUDGET (packing may need more recompute than any member
+    alone), else the batch's distinct r_min plus 0 and L (then not proven exact)."""
     inst, L = data.inst, cost.model.num_layers
     zero = np.zeros(cost.num_features)
+    n_bins = sum(data.slots) * len(data.classes)
+    data.complete = (L + 1) * n_bins <= LEVEL_BUDGET
     for j, d in enumerate(inst.degrees.tolist()):
         seen = inst.r_min[:, j][inst.r_min[:, j] >= 0].tolist()
-        rs = set(range(L + 1)) if L <= 8 else ({0, L} | set(seen))
+        rs = set(range(L + 1)) if data.complete else ({0, L} | set(seen))
         cap = max(cost.capacity(s, d) for s in cost.cluster.placements(d))
         lv = []
         for r in sorted(rs):
