@@ -103,7 +103,7 @@ def _fit_head(points: list, report: dict, kw: dict) -> dict:
 
 
 def measure_all_to_all(
-    group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22), repeats: int = 5
+    group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeats: int = 7
 ):
     """A2AMeasurement of `group` (default: the world): time = latency + bytes_sent/bw.
 

@@ -27,7 +27,6 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from dcp_opt.profile_io import Profile, utc_now
 
 from .profile_blocks import BlockUnderTest, HeadUnderTest, ProfileTarget
+from .profile_clocks import CpuClock, CudaClock, SavedBytes, default_clock  # noqa: F401
 from .profile_fit import fit_points, measure_all_to_all  # noqa: F401  (public API)
 
 
@@ -46,9 +46,9 @@ class Grid:
     <= max_tokens), packing is what separates the per-sequence term from the constant.
     2D: `frames` x `spatial` (height, width) videos, one or `pack_2d` per micro-batch."""
 
-    lengths: tuple[int, ...] = (64, 128, 256, 384, 512, 768, 1024)
+    lengths: tuple[int, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
     pack: tuple[int, ...] = (1, 2, 4)
-    max_tokens: int = 1024
+    max_tokens: int = 2048
     frames: tuple[int, ...] = (1, 2, 4, 8, 16)
     spatial: tuple[tuple[int, int], ...] = ((4, 4), (8, 8), (12, 12))
     pack_2d: tuple[int, ...] = (1, 2)
@@ -118,89 +118,6 @@ class Point:
             fwd_samples=self.fwd_samples + other.fwd_samples,
             bwd_samples=self.bwd_samples + other.bwd_samples,
         )
-
-
-# ---- clocks and memory -----------------------------------------------------------------------
-class CpuClock:
-    """`mode="thread"` (default): CPU time of the calling thread (`time.thread_time`). With
-    one intra-op thread, forward and backward of a CPU tensor run on the calling thread, so
-    this is the compute time, immune to other processes sharing the cores; on an idle
-    machine it equals wall time. `mode="wall"`: `time.perf_counter`."""
-
-    device = torch.device("cpu")
-
-    def __init__(self, mode: str = "thread"):
-        if mode not in ("thread", "wall"):
-            raise ValueError(f"clock mode: {mode!r} not allowed; allowed: thread, wall")
-        self.mode = mode
-        self._now = time.thread_time if mode == "thread" else time.perf_counter
-
-    def mark(self):
-        return self._now()
-
-    def seconds(self, a, b) -> float:
-        return b - a
-
-    def memory_run(self):
-        return contextlib.nullcontext(None)
-
-
-class CudaClock:
-    """torch.cuda.Event timing and allocator statistics (unit-tested on CPU with fakes)."""
-
-    def __init__(self, device: torch.device | str = "cuda"):
-        self.device = torch.device(device)
-
-    def mark(self):
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return ev
-
-    def seconds(self, a, b) -> float:
-        b.synchronize()
-        return a.elapsed_time(b) / 1e3  # elapsed_time is in milliseconds
-
-    @contextlib.contextmanager
-    def memory_run(self):
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        box = {"peak": None}
-        yield box
-        torch.cuda.synchronize(self.device)
-        box["peak"] = float(torch.cuda.max_memory_allocated(self.device) - base)
-
-
-def default_clock():
-    return CudaClock() if torch.cuda.is_available() else CpuClock()
-
-
-class SavedBytes:
-    """Bytes of the tensors autograd saves for backward (each storage once, no parameters)."""
-
-    def __init__(self, exclude: Sequence[torch.Tensor] = ()):
-        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.seen: set[int] = set()
-        self.total = 0
-
-    def include(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr not in self.exclude and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += st.nbytes()
-
-    def _pack(self, t: torch.Tensor):
-        self.include(t)
-        return t
-
-    def __enter__(self):
-        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
 
 
 # ---- one point -------------------------------------------------------------------------------
@@ -375,7 +292,13 @@ def measure_all(
         device_info(clock, dtype, config.num_threads)
         | {
             "sig": target.signature,
-            "timing": [config.warmup, config.repeats, config.passes, config.min_time_s],
+            "timing": [
+                config.warmup,
+                config.repeats,
+                config.passes,
+                config.min_time_s,
+                "light-rec",
+            ],
         },
         sort_keys=True,
     )
@@ -397,16 +320,21 @@ def measure_all(
         dtype=dtype,
         min_time_s=config.min_time_s,
     )
-    with _progress(progress, len(todo) * config.passes) as advance:
-        for _ in range(config.passes):
-            for job in todo:
-                name, shapes, rec = job
-                if name == "head":
-                    p = measure_head(target.head, shapes[0][0], **kw)
-                else:
-                    p = measure_block(target.blocks[name], shapes, recompute=rec, **kw)
-                done[job] = p if done[job] is None else done[job].merged(p)
-                advance(f"{name} {shapes[0]}x{len(shapes)} rec={int(rec)}")
+    # Recompute-on points feed only the checkpoint bytes (exact in one run) and the
+    # recompute-cost ratio (a median over points): one pass, one timed run is enough.
+    light = dict(kw, repeats=1, min_time_s=0.0)
+    runs = [(i, j) for i in range(config.passes) for j in todo if i == 0 or not j[2]]
+    with _progress(progress, len(runs)) as advance:
+        for _, job in runs:
+            name, shapes, rec = job
+            if name == "head":
+                p = measure_head(target.head, shapes[0][0], **kw)
+            else:
+                p = measure_block(
+                    target.blocks[name], shapes, recompute=rec, **(light if rec else kw)
+                )
+            done[job] = p if done[job] is None else done[job].merged(p)
+            advance(f"{name} {shapes[0]}x{len(shapes)} rec={int(rec)}")
     for job in todo:
         cache.put(cache.key(*job), done[job])
     cache.flush()
