@@ -274,7 +274,8 @@ def test_integration_snippet_runs_under_torchrun(tmp_path):
 @pytest.mark.slow
 @pytest.mark.dist
 def test_example_train_lm_runs_under_torchrun():
-    out = torchrun(["2", "examples/train_lm.py", "--steps", "2", "--num-samples", "32"])
+    args = ["--steps", "2", "--num-samples", "32", "--max-len", "64", "--planner", "greedy"]
+    out = torchrun(["2", "examples/train_lm.py", *args])
     steps = [ln for ln in out.splitlines() if ln.startswith("step ")]
     assert len(steps) == 2, out
     for line in steps:  # plan summary, predicted and measured time, loss on every step
