@@ -316,7 +316,27 @@ VALUE_POOLS: dict[str, list[str]] = {
     "--workers": ["1", "0", "-2", "x"],
     "--optimizer-sharding": ["zero1", "zero3", "zero9"],
     "--dpi": ["50", "0", "-1", "x"],
+    "--sweep-batches": ["1", "0", "-1", "x"],
+    "--gpus": ["8", "8,16", "0", "-8", "7", "x", ","],
+    "--inter-bw-scale": ["1", "0.5", "0", "-1", "nan", "x"],
 }
+# `dcp-opt profile` with valid arguments measures the device for minutes: every profile case
+# ends with one of these bad arguments (argparse keeps the last value of a repeated flag).
+PROFILE_BAD = (
+    ("--layers", "0"),
+    ("--hidden", "-8"),
+    ("--heads", "3"),
+    ("--ffn", "0"),
+    ("--threads", "0"),
+    ("--device", "tpu"),
+    ("--target", "nope"),
+    ("--dtype", "int8"),
+    ("--layers", "x"),
+)
+# The cheap settings every whatif case starts from (a case may override any of them).
+WHATIF_BASE = ["--no-progress", "--cluster", "h200x8", "--batches", "1", "--sweep-batches", "1"]
+WHATIF_BASE += ["--planners", "bucket", "--gpus", "8", "--inter-bw-scale", "1"]
+WHATIF_BASE += ["--tokens-per-gpu", "4096"]
 COMMANDS = {
     "plan": [
         "--lengths",
@@ -353,8 +373,24 @@ COMMANDS = {
         "--strict",
     ],
     "show": ["PLAN", "--lengths", "--cluster", "--model", "--out", "--dpi", "--ignore-fingerprint"],
+    "whatif": [
+        "--lengths",
+        "--histogram",
+        "--cluster",
+        "--model",
+        "--batches",
+        "--sweep-batches",
+        "--gpus",
+        "--inter-bw-scale",
+        "--planners",
+        "--tokens-per-gpu",
+        "--seed",
+        "--json",
+        "--plot",
+    ],
+    "profile": ["-o", "--force", "--quick"],
 }
-FLAGS = ("--ignore-fingerprint", "--strict", "--no-progress")
+FLAGS = ("--ignore-fingerprint", "--strict", "--no-progress", "--force", "--quick")
 
 
 @cache
@@ -373,7 +409,11 @@ def cli_files() -> dict[str, str]:
     (d / "bad_plan.json").write_text(plan.to_json()[:50])
     (d / "bad_lengths.txt").write_text("12\n-3\n")
     (d / "out").mkdir()
+    (d / "hist.csv").write_text("128,5\n4096,2\n65536,1\n")
+    (d / "bad_hist.csv").write_text("128,5\n4096,-2\n")
     return {
+        "hist": str(d / "hist.csv"),
+        "bad_hist": str(d / "bad_hist.csv"),
         "lengths": str(lengths),
         "plan": str(d / "plan.json"),
         "bad_plan": str(d / "bad_plan.json"),
@@ -396,14 +436,20 @@ def cli_cases(draw) -> list[str]:
         argv += ["--workloads", "1d-short", "--planners", "bucket"]
     if cmd in ("plan", "simulate", "show") and draw(st.booleans()):
         argv += ["--tokens-per-gpu", "1024"]
+    if cmd == "whatif":
+        argv += WHATIF_BASE
     options = COMMANDS.get(cmd, [])
     chosen = draw(st.lists(st.sampled_from(options), max_size=5, unique=True)) if options else []
     # Mostly give the required arguments too, so that cases get past argparse into the library.
     if cmd in ("simulate", "show") and "PLAN" not in chosen and draw(st.integers(0, 3)):
         chosen.append("PLAN")
-    no_source = "--lengths" not in chosen and "--workload" not in chosen
+    no_source = not {"--lengths", "--workload", "--histogram"} & set(chosen)
     if cmd in ("plan", "simulate", "show") and no_source and draw(st.integers(0, 3)):
         chosen.append(draw(st.sampled_from(["--lengths", "--workload"])))
+    if cmd == "whatif" and no_source and draw(st.integers(0, 3)):
+        chosen.append(draw(st.sampled_from(["--lengths", "--histogram"])))
+    if cmd == "profile" and "-o" not in chosen and draw(st.integers(0, 3)):
+        chosen.append("-o")
     if cmd == "show" and "--out" not in chosen and draw(st.integers(0, 3)):
         chosen.append("--out")
     for opt in chosen:
@@ -416,11 +462,15 @@ def cli_cases(draw) -> list[str]:
                 opt,
                 files[draw(st.sampled_from(["lengths", "bad_lengths", "missing", "dir"]))],
             ]
-        elif opt in ("--out", "--json"):
+        elif opt == "--histogram":
+            argv += [opt, files[draw(st.sampled_from(["hist", "bad_hist", "lengths", "missing"]))]]
+        elif opt in ("--out", "--json", "--plot", "-o"):
             key = draw(st.sampled_from(["out_file", "dir", "png"]))
             argv += [opt, files[key]]
         else:
             argv += [opt, draw(st.sampled_from(VALUE_POOLS[opt]))]
+    if cmd == "profile":
+        argv += list(draw(st.sampled_from(PROFILE_BAD)))
     if draw(st.integers(0, 4)) == 0:  # junk: an unknown flag, a stray word, a lone flag
         junk = draw(st.sampled_from(["--nope", "stray", "--cluster", "-x", "--", "--help"]))
         argv.insert(draw(st.integers(0, len(argv))), junk)
