@@ -46,7 +46,6 @@ from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import t
 GRID_PREF = (1.0, 1.03)
 GRID_EFT = (1.0,)
 REFINE = (0.97, 0.99)  # then targets just under the best finish so far
-SMALL = 0.02
 FAST_N = 300  # above this many sequences: one target, one refinement, the uniform layouts
 
 # ---- steps 3 and 4: assignment and packing ---------------------------------------------
@@ -57,72 +56,64 @@ class _Groups:
 
     def __init__(self, inst, placed, speeds, cap0, base):
         self.inst = inst
-        self.deg = np.array([j for _, j in placed])
-        self.load = np.full(len(placed), base)
-        self.speeds = np.asarray(speeds, dtype=float)
-        self.cap0 = np.asarray(cap0, dtype=float)
+        self.deg = [j for _, j in placed]
+        self.load = [float(base)] * len(placed)
+        self.speeds = np.asarray(speeds, dtype=float).tolist()
+        self.cap0 = np.asarray(cap0, dtype=float).tolist()
         self.bins: list[list[list]] = [[] for _ in placed]
-        self.open_tok = np.full(len(placed), -1.0)  # tokens of the open bin; -1 = none
+        self.open_tok = [-1.0] * len(placed)  # tokens of the open bin; -1 = none
         self.open_idx = [-1] * len(placed)
-
-    def put(self, i: int, g: int, j: int, packs: bool, fin: float, tok: float, r: int) -> None:
-        if packs:
-            self.bins[g][self.open_idx[g]][0].append(i)
-            self.open_tok[g] += tok
-        else:
-            self.bins[g].append([[i], r])
-            if r == 0:
-                self.open_tok[g], self.open_idx[g] = tok, len(self.bins[g]) - 1
-        self.load[g] = fin
 
     def one_by_one(self, order: np.ndarray, pref: np.ndarray, target: float, eft: bool) -> bool:
         """LPT with earliest finish: the least-loaded group of the preferred degree if it
         meets the target, else the group (of any degree) that finishes the sequence first.
-        With `eft`, only sequences under SMALL * target take the preferred-degree shortcut."""
-        inst, inf = self.inst, float("inf")
-        SMALL * target
+        (`eft` is accepted for the callers; every sequence takes the same rule.)
+        One Python loop over plain lists: this is the greedy planner's hot path."""
+        inf = float("inf")
         heaps: dict[int, list] = {}
-        for g, j in enumerate(self.deg.tolist()):
-            heaps.setdefault(j, []).append((float(self.load[g]), g))
+        for g, j in enumerate(self.deg):
+            heaps.setdefault(j, []).append((self.load[g], g))
         for h in heaps.values():
             heapq.heapify(h)
-        load, open_tok, cap0, speeds = (
-            self.load.tolist(),
-            self.open_tok.tolist(),
-            self.cap0.tolist(),
-            self.speeds.tolist(),
-        )
-        const = inst.const.tolist()
-        all_t, all_r, all_tok = inst.lists()
+        keys = sorted(heaps)
+        load, open_tok, open_idx, bins = self.load, self.open_tok, self.open_idx, self.bins
+        cap0, speeds = self.cap0, self.speeds
+        const = self.inst.const.tolist()
+        all_t, all_r, all_tok = self.inst.lists()
         prefs = pref.tolist()
+        replace = heapq.heapreplace
         for i in order.tolist():
             t_row, r_row, p, tok = all_t[i], all_r[i], prefs[i], all_tok[i]
-            best = None
-            for j in [p] if p in heaps else []:
-                g = heaps[j][0][1]
-                packs = r_row[j] == 0 and open_tok[g] >= 0 and open_tok[g] + tok <= cap0[g]
-                best = (
-                    load[g] + (t_row[j] - const[j] if packs else t_row[j]) / speeds[g],
-                    j,
-                    g,
-                    packs,
-                )
-            if best is None or best[0] > target:
-                for j in sorted(heaps):
-                    if t_row[j] == inf:
+            fin = None
+            if p in heaps:
+                j = p
+                g = heaps[p][0][1]
+                ot = open_tok[g]
+                packs = r_row[p] == 0 and ot >= 0 and ot + tok <= cap0[g]
+                fin = load[g] + (t_row[p] - const[p] if packs else t_row[p]) / speeds[g]
+            if fin is None or fin > target:
+                for jj in keys:
+                    tj = t_row[jj]
+                    if tj == inf:
                         continue
-                    g = heaps[j][0][1]
-                    packs = r_row[j] == 0 and open_tok[g] >= 0 and open_tok[g] + tok <= cap0[g]
-                    fin = load[g] + (t_row[j] - const[j] if packs else t_row[j]) / speeds[g]
-                    if best is None or fin < best[0]:
-                        best = (fin, j, g, packs)
-            if best is None:
+                    gg = heaps[jj][0][1]
+                    ot = open_tok[gg]
+                    pk = r_row[jj] == 0 and ot >= 0 and ot + tok <= cap0[gg]
+                    f = load[gg] + (tj - const[jj] if pk else tj) / speeds[gg]
+                    if fin is None or f < fin:
+                        fin, j, g, packs = f, jj, gg, pk
+            if fin is None:
                 return False
-            fin, j, g, packs = best
-            self.open_tok[g] = open_tok[g]
-            self.put(i, g, j, packs, fin, tok, r_row[j])
-            load[g], open_tok[g] = fin, float(self.open_tok[g])
-            heapq.heapreplace(heaps[j], (fin, g))
+            if packs:  # into the group's open bin: the per-micro-batch constant is shared
+                bins[g][open_idx[g]][0].append(i)
+                open_tok[g] += tok
+            else:
+                r = r_row[j]
+                bins[g].append([[i], r])
+                if r == 0:  # a bin without recompute is open for packing
+                    open_tok[g], open_idx[g] = tok, len(bins[g]) - 1
+            load[g] = fin
+            replace(heaps[j], (fin, g))
         return True
 
 
@@ -144,7 +135,7 @@ def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False)
     order = items[np.argsort(-tp, kind="stable")]
     if not st.one_by_one(order, pref, target, eft):
         return None
-    return [[(b[0], b[1]) for b in bs] for bs in st.bins], st.load.tolist()
+    return [[(b[0], b[1]) for b in bs] for bs in st.bins], st.load
 
 
 # ---- driver ---------------------------------------------------------------------------
