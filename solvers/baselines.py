@@ -53,6 +53,10 @@ def fitting_degree(cost: CostModel, tokens: int, wanted: int) -> int:
     raise DcpOptError(f"degree: no allowed degree >= {start} holds {tokens} tokens")
 
 
+# The published bucket-parallel SP degree (VideoSys baseline.yaml: sp_size 4).
+DEFAULT_BUCKET_DEGREE = 4
+
+
 def lpt(times: np.ndarray, speeds: np.ndarray) -> tuple[list[list[int]], np.ndarray]:
     """Longest processing time first: each item to the group where it finishes earliest."""
     load = np.zeros(len(speeds))
@@ -94,7 +98,12 @@ def arrival_micro_batches(batch: Batch, profiles, sizes) -> list[list[int]]:
 
 
 def plan_bucket(
-    batch: Batch, cost: CostModel, *, seed: int = 0, degree: int = 4, shuffle: bool = False
+    batch: Batch,
+    cost: CostModel,
+    *,
+    seed: int = 0,
+    degree: int = DEFAULT_BUCKET_DEGREE,
+    shuffle: bool = False,
 ) -> PlanResult:
     """Bucket parallel: one SP degree, per-bucket power-of-two bs from memory at full
     recompute, median clipping, micro-batches dealt round-robin to the N/degree groups."""
@@ -188,20 +197,23 @@ def plan_packed(
     *,
     seed: int = 0,
     degree: int | None = None,
-    token_target: int | str = "memory",
+    token_target: int | str = "balanced",
 ) -> PlanResult:
-    """Packed parallel: one SP degree (default: the smallest where the longest sequence fits),
+    """Packed parallel: one SP degree (default 4 as bucket's published setting, widened while the
+    longest sequence does not fit), sequences concatenated first-fit-decreasing into
+    micro-batches of equal tokens (the paper's packed baseline: every group gets about the same
+    number of tokens),
     sequences concatenated first-fit-decreasing into micro-batches of about `token_target`
     tokens, each at the fewest recomputed layers that fit, then longest first onto the groups.
 
-    token_target: "memory" (default) = the most tokens that fit at that degree with every
-    layer recomputed; "balanced" = at most that, but small enough that every group gets a
-    micro-batch (total tokens / number of groups); or a number of tokens."""
+    token_target: "balanced" (default) = total tokens / number of groups, capped by memory;
+    "memory" = the most tokens that fit at that degree with every layer recomputed; or a
+    number of tokens."""
     t0 = time.perf_counter()
     cost.check_fits(batch)
     feats = cost.batch_features(batch)
     tokens = feats[:, -2]
-    d = fitting_degree(cost, int(tokens.max()), degree or 1)
+    d = fitting_degree(cost, int(tokens.max()), degree or DEFAULT_BUCKET_DEGREE)
     L = cost.model.num_layers
     cap = profile_capacity(cost, d)
     starts, speeds = group_speeds(cost, d)

@@ -186,7 +186,7 @@ def test_packed_first_fit_decreasing_at_the_memory_token_cap():
     # T = 6: T/d = 3, r = 0 (7.5 + 90 = 97.5): 18.5 s. Three of four groups busy: 48.5.
     cost = toy_cost(num_nodes=2)
     batch = Batch.from_lengths([4, 8, 2, 8, 4, 4])
-    res = run_planner("packed", batch, cost)
+    res = run_planner("packed", batch, cost, degree=1, token_target="memory")
     check_plan(res, batch, cost)
     assert res.stats["degree"] == 2 and res.stats["token_target"] == 13
     mbs = sorted(mb for _, _, m in groups_of(res) for mb in m)
@@ -197,8 +197,8 @@ def test_packed_first_fit_decreasing_at_the_memory_token_cap():
 def test_packed_token_target_options():
     cost = toy_cost(num_nodes=2)
     batch = Batch.from_lengths([4, 8, 2, 8, 4, 4])
-    # balanced: min(13, ceil(30 tokens / 4 groups) = 8) -> FFD bins [1], [3], [0,4], [5,2]
-    res = run_planner("packed", batch, cost, token_target="balanced")
+    # degree 1 widens to 2; balanced: min(13, ceil(30 tokens / 4 groups) = 8) -> FFD bins [1], [3], [0,4], [5,2]
+    res = run_planner("packed", batch, cost, degree=1, token_target="balanced")
     assert res.stats["token_target"] == 8 and res.stats["num_micro_batches"] == 4
     check_plan(res, batch, cost)
     with pytest.raises(ValueError, match="token_target"):
@@ -373,3 +373,17 @@ def test_a_sequence_exactly_at_capacity_fits(planner):
     res = run_planner(planner, batch, cost)
     check_plan(res, batch, cost)
     assert res.predicted_step_time_s == pytest.approx(51.7)
+
+
+def test_packed_default_is_degree_4_with_equal_token_micro_batches():
+    # Toy N = 8 (2 nodes x 4): degree 4 -> 2 groups. Target = ceil(30 tokens / 2) = 15, under
+    # the memory cap at d = 4, r = 2 (7.5 + T/4 * 14 <= 100 -> T <= 26).
+    # FFD on [8(1), 8(3), 4(0), 4(4), 4(5), 2(2)] at 15: A = {1, 0, 2} = 14, B = {3, 4} = 12,
+    # C = {5} = 4. A: T/d = 3.5, r = 1 (r = 0: 7.5 + 3.5 * 30 = 112.5 > 100): 21 + 0.5 + 3.5 = 25;
+    # B: T/d = 3, r = 0: 18.5; C: 6.5. Longest first: A -> g0, B -> g1, C -> g1 (25). Step 25 s.
+    cost = toy_cost(num_nodes=2)
+    batch = Batch.from_lengths([4, 8, 2, 8, 4, 4])
+    res = run_planner("packed", batch, cost)
+    check_plan(res, batch, cost)
+    assert res.stats["degree"] == 4 and res.stats["token_target"] == 15
+    assert res.predicted_step_time_s == pytest.approx(25.0)
