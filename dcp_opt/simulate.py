@@ -77,52 +77,90 @@ class SimResult:
         }
 
 
-def simulate(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
+def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) -> SimResult:
+    """Run the plan on the cost model. `events=False` skips the per-micro-batch timeline
+    (`events` is then empty; every total is the same): planners need only the totals."""
     cluster = cost.cluster
     n = cluster.num_gpus
     ready = np.zeros(n)
     busy = np.zeros(n)
     peak = np.full(n, cost.fixed_bytes())
-    events: list[Event] = []
+    out: list[Event] = []
     comm_total = rec_total = 0.0
     feats = cost.batch_features(batch)  # cached rows; a micro-batch sums its members' rows
-    row = {s.id: k for k, s in enumerate(batch.sequences)}
+    row = _rows(batch, cost)
     for p, phase in enumerate(plan.phases):
-        for g in phase.groups:
-            if not g.micro_batches:
-                continue
-            ranks = slice(g.start_rank, g.start_rank + g.degree)
-            t0 = float(ready[ranks].max())
-            spans = cluster.spans_nodes(g.start_rank, g.degree)
-            speed = cluster.group_speed(g.start_rank, g.degree)
-            # All micro-batches of the group at once: feature sums, times, memory.
-            mbs = g.micro_batches
-            idx = [row[s] for mb in mbs for s in mb.sequence_ids]
-            cuts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
-            f = np.add.reduceat(feats[idx], cuts, axis=0)
-            rec = np.array([mb.recompute_layers for mb in mbs])
-            c, r, m = cost.time_parts(f, g.degree, rec, spans_nodes=spans, speed=speed)
-            mem = cost.memory(f[:, -2], g.degree, rec)
-            # Back to back, summed left to right as a running clock would.
-            starts = np.cumsum(np.concatenate(([t0], c + r + m)))
-            events += [
-                Event(p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, *v)
-                for k, (mb, v) in enumerate(
-                    zip(
-                        mbs,
-                        zip(*(x.tolist() for x in (starts[:-1], c, r, m, mem)), strict=True),
-                        strict=True,
-                    )
-                )
-            ]
-            t = float(starts[-1])
-            comm_total += float(m.sum()) * g.degree
-            rec_total += float(r.sum()) * g.degree
-            peak[ranks] = np.maximum(peak[ranks], float(mem.max()))
-            busy[ranks] += t - t0
-            ready[ranks] = t
+        groups = [g for g in phase.groups if g.micro_batches]
+        if not groups:
+            continue
+        c, r, m, mem, cuts = _phase_parts(groups, feats, row, cost)
+        dur = (c + r + m).tolist()
+        comm = np.add.reduceat(m, cuts[:-1]) if len(c) else m
+        rec = np.add.reduceat(r, cuts[:-1]) if len(c) else r
+        top = np.maximum.reduceat(mem, cuts[:-1]).tolist()
+        cl = cuts.tolist()
+        for k, g in enumerate(groups):
+            a, b, s, d = cl[k], cl[k + 1], g.start_rank, g.degree
+            t0 = t = float(ready[s : s + d].max())
+            starts = []
+            for x in dur[a:b]:  # back to back, summed left to right as a running clock
+                starts.append(t)
+                t += x
+            if events:
+                out += _events(p, g, starts, c[a:b], r[a:b], m[a:b], mem[a:b])
+            comm_total += float(comm[k]) * d
+            rec_total += float(rec[k]) * d
+            peak[s : s + d] = np.maximum(peak[s : s + d], top[k])
+            busy[s : s + d] += t - t0
+            ready[s : s + d] = t
     finish = float(ready.max()) if n else 0.0
     sync = cost.grad_sync_time()
     return SimResult(
-        finish + sync, finish, sync, busy, finish - busy, peak, tuple(events), comm_total, rec_total
+        finish + sync, finish, sync, busy, finish - busy, peak, tuple(out), comm_total, rec_total
     )
+
+
+def _rows(batch: Batch, cost: CostModel) -> dict[int, int]:
+    """Sequence id -> row of batch_features (cached with the features)."""
+    key = ("rows", batch.fingerprint())
+    if key not in cost._cache:
+        cost._cache[key] = {s.id: k for k, s in enumerate(batch.sequences)}
+    return cost._cache[key]
+
+
+def _phase_parts(groups, feats, row, cost: CostModel):
+    """(compute, recompute, comm, memory) of every micro-batch of a phase, in group order,
+    and the group boundaries: one feature sum for the phase and one cost call per kind of
+    group (degree, node span, speed), as the per-row formulas are the same."""
+    cluster = cost.cluster
+    mbs = [mb for g in groups for mb in g.micro_batches]
+    idx = [row[s] for mb in mbs for s in mb.sequence_ids]
+    starts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
+    f = np.add.reduceat(feats[idx], starts, axis=0)
+    rec = np.array([mb.recompute_layers for mb in mbs])
+    cuts = np.cumsum([0] + [len(g.micro_batches) for g in groups])
+    kinds: dict[tuple, list[int]] = {}
+    for k, g in enumerate(groups):
+        spans = cluster.spans_nodes(g.start_rank, g.degree)
+        speed = cluster.group_speed(g.start_rank, g.degree)
+        kinds.setdefault((g.degree, spans, speed), []).append(k)
+    parts = np.empty((4, len(mbs)))
+    for (d, spans, speed), ks in kinds.items():
+        sel = np.concatenate([np.arange(cuts[k], cuts[k + 1]) for k in ks])
+        c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed)
+        parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
+        parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel])
+    return parts[0], parts[1], parts[2], parts[3], cuts
+
+
+def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:
+    return [
+        Event(p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, *v)
+        for k, (mb, v) in enumerate(
+            zip(
+                g.micro_batches,
+                zip(starts, *(x.tolist() for x in (c, r, m, mem)), strict=True),
+                strict=True,
+            )
+        )
+    ]
