@@ -34,8 +34,28 @@ def make_plan(
         num_ranks=n,
         loss_normalizer=loss_normalizer(batch, kind),
         normalizer_kind=kind,
-        fingerprint=plan_fingerprint(batch, cost),
+        fingerprint=cached_plan_fingerprint(batch, cost),
         planner=planner,
         predicted_step_time_s=predicted_step_time_s,
         meta=meta or {},
     )
+
+
+def cached_plan_fingerprint(batch: Batch, cost: CostModel) -> str:
+    """plan_fingerprint, cached in the cost model: hashing the cost model's JSON takes about
+    a millisecond, and make_plan and validate ask for it on every plan. The key holds the
+    identity of every input the hash reads, so a copy made with dataclasses.replace (which
+    shares the cache) never sees another model's fingerprint."""
+    key = (
+        "plan_fingerprint",
+        batch.fingerprint(),
+        id(cost.model),
+        id(cost.cluster),
+        id(cost.coeffs),
+        cost.optimizer_sharding,
+        cost.usable_memory_fraction,
+        cost.grad_reduce_bytes_per_param,
+    )
+    if key not in cost._cache:
+        cost._cache[key] = plan_fingerprint(batch, cost)
+    return cost._cache[key]

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .batch import Batch
-from .cost import CostModel, loss_normalizer, plan_fingerprint
+from .build import cached_plan_fingerprint
+from .cost import CostModel, loss_normalizer
 from .errors import DcpOptError
 from .plan import NORMALIZERS, Plan
 
@@ -115,8 +116,11 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
 
 def _check_coverage(plan: Plan, batch: Batch) -> list[Violation]:
     out = []
-    counts = Counter(plan.sequence_ids())
+    ids = plan.sequence_ids()
+    counts = Counter(ids)
     known = batch.by_id
+    if len(ids) == len(counts) == len(known) and counts.keys() == known.keys():
+        return out  # every sequence exactly once: the common case, checked with sets
     unknown = sorted(s for s in counts if s not in known)
     if unknown:
         out.append(Violation("UNKNOWN_SEQUENCE", f"ids {_short(unknown)} not in the batch"))
@@ -130,42 +134,58 @@ def _check_coverage(plan: Plan, batch: Batch) -> list[Violation]:
 
 
 def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
+    """Empty micro-batches, recompute out of range, and memory: one vectorised memory check
+    over every micro-batch of the plan (the per-micro-batch Python work is a list walk)."""
+    L, n = cost.model.num_layers, cost.cluster.num_gpus
+    where, ids, rec, deg, cap = [], [], [], [], []
     out = []
-    L = cost.model.num_layers
-    tok = {s.id: s.num_tokens for s in batch.sequences}
-    rows = []  # (where, ids, tokens, degree, r, capacity): memory checked at once below
-    caps: dict[tuple[int, int], float] = {}
-    for p, g, k, mb in plan.micro_batches():
-        where = _Where(p, g.start_rank, g.degree, k)  # formatted only for a violation
-        if not mb.sequence_ids:
-            out.append(Violation("EMPTY_MICRO_BATCH", f"{where}: no sequence"))
-            continue
-        if not 0 <= mb.recompute_layers <= L:
-            out.append(
-                Violation("BAD_RECOMPUTE", f"{where}: {mb.recompute_layers} not in [0, {L}]")
-            )
-            continue
-        if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > cost.cluster.num_gpus:
-            continue
-        key = (g.start_rank, g.degree)
-        if key not in caps:
-            caps[key] = cost.capacity(g.start_rank, g.degree)
-        tokens = sum(tok.get(s, 0) for s in mb.sequence_ids)
-        rows.append((where, mb.sequence_ids, tokens, g.degree, mb.recompute_layers, caps[key]))
-    if not rows:
+    for p, phase in enumerate(plan.phases):
+        for g in phase.groups:
+            in_range = g.degree >= 1 and g.start_rank >= 0 and g.start_rank + g.degree <= n
+            c = cost.capacity(g.start_rank, g.degree) if in_range and g.micro_batches else 0.0
+            for k, mb in enumerate(g.micro_batches):
+                bad = _bad_micro_batch(mb, L, p, g, k)
+                if bad is not None:
+                    out.append(bad)
+                elif in_range:
+                    where.append((p, g.start_rank, g.degree, k))
+                    ids.append(mb.sequence_ids)
+                    rec.append(mb.recompute_layers)
+                    deg.append(g.degree)
+                    cap.append(c)
+    if not ids:
         return out
-    tokens, degree, rec, cap = (np.array([r[c] for r in rows]) for c in (2, 3, 4, 5))
-    need = cost.memory(tokens.astype(float), degree, rec)
-    for i in np.flatnonzero(need > cap * (1 + 1e-9)).tolist():
-        where, ids = rows[i][0], rows[i][1]
+    tok = _tokens_by_id(batch, cost)
+    tokens = np.array([sum([tok.get(s, 0) for s in x]) for x in ids], dtype=float)
+    deg_a, rec_a, cap_a = np.array(deg), np.array(rec), np.array(cap)
+    need = cost.memory(tokens, deg_a, rec_a)
+    for i in np.flatnonzero(need > cap_a * (1 + 1e-9)).tolist():
         out.append(
             Violation(
                 "OUT_OF_MEMORY",
-                f"{where}: sequences {_short(list(ids))} "
-                f"need {need[i] / 1e9:.2f} GB per GPU, capacity {cap[i] / 1e9:.2f} GB",
+                f"{_Where(*where[i])}: sequences {_short(list(ids[i]))} "
+                f"need {need[i] / 1e9:.2f} GB per GPU, capacity {cap_a[i] / 1e9:.2f} GB",
             )
         )
     return out
+
+
+def _bad_micro_batch(mb, L: int, p: int, g, k: int) -> Violation | None:
+    if not mb.sequence_ids:
+        return Violation(
+            "EMPTY_MICRO_BATCH", f"{_Where(p, g.start_rank, g.degree, k)}: no sequence"
+        )
+    if not 0 <= mb.recompute_layers <= L:
+        where = _Where(p, g.start_rank, g.degree, k)
+        return Violation("BAD_RECOMPUTE", f"{where}: {mb.recompute_layers} not in [0, {L}]")
+    return None
+
+
+def _tokens_by_id(batch: Batch, cost: CostModel) -> dict[int, int]:
+    key = ("tokens_by_id", batch.fingerprint())  # cached: every planner's finish() asks
+    if key not in cost._cache:
+        cost._cache[key] = {s.id: s.num_tokens for s in batch.sequences}
+    return cost._cache[key]
 
 
 @dataclass(frozen=True)
@@ -181,7 +201,7 @@ class _Where:
 
 def _check_fingerprint(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
     out = []
-    want = plan_fingerprint(batch, cost)
+    want = cached_plan_fingerprint(batch, cost)
     if plan.fingerprint != want:
         out.append(Violation("FINGERPRINT_MISMATCH", f"plan {plan.fingerprint!r}, inputs {want!r}"))
     if (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 
 from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
@@ -37,16 +38,8 @@ def finish(
         violations = validate(plan, batch, cost)
         if violations:
             raise InvalidPlanError(violations)
-    sim = simulate(plan, batch, cost)
-    plan = make_plan(
-        [ph.groups for ph in plan.phases],
-        batch,
-        cost,
-        planner=planner,
-        normalizer_kind=normalizer_kind,
-        predicted_step_time_s=sim.step_time_s,
-        meta={"imbalance": sim.imbalance},
-    )
+    sim = simulate(plan, batch, cost, events=False)  # totals only: no timeline
+    plan = replace(plan, predicted_step_time_s=sim.step_time_s, meta={"imbalance": sim.imbalance})
     bound = lower_bound(batch, cost)
     return PlanResult(
         status,
