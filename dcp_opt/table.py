@@ -46,7 +46,7 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     marginal = np.full((n, nd), np.inf)
     over = cost.coeffs.microbatch_overhead_s
     for j, d in enumerate(degrees):
-        cap = max(cost.capacity(s, d) for s in cost.cluster.placements(d))
+        cap = best_capacity(cost, d)
         r = cost.min_recompute(tokens, d, cap)
         ok = r >= 0
         r_min[:, j] = r
@@ -57,3 +57,11 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal)
     cost._cache[key] = out
     return out
+
+
+def best_capacity(cost: CostModel, d: int) -> float:
+    """The most memory a degree-d group can have on any aligned placement. On a cluster with
+    one memory size every placement has it: no scan (1024 GPUs have ~2000 placements)."""
+    if cost.cluster.memory_per_rank is None:
+        return cost.capacity(0, d)
+    return max(cost.capacity(s, d) for s in cost.cluster.placements(d))

@@ -12,7 +12,7 @@ import numpy as np
 from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
 from dcp_opt.cost import CostModel
-from dcp_opt.table import seq_table
+from dcp_opt.table import best_capacity, seq_table
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,7 @@ def make_instance(batch: Batch, cost: CostModel) -> Instance:
     zero = np.zeros(cost.num_features)
     const = np.array([float(cost.time(zero, int(d), 0)) for d in deg])
     per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()
-    cap = np.array(
-        [max(cost.capacity(s, int(d)) for s in cost.cluster.placements(int(d))) for d in deg]
-    )
+    cap = np.array([best_capacity(cost, int(d)) for d in deg])
     cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * (1 - 1e-9)
     lb = lower_bound(batch, cost)
     return Instance(
