@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -314,16 +315,22 @@ def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     return safe_draft(inst, cluster)
 
 
-def candidates(inst: Instance, cluster, local: bool = True) -> list[Draft]:
-    """Drafts, best first: split into blocks on large clusters, else the full search."""
+def candidates(inst: Instance, cluster, local: bool = True) -> Iterator[Draft]:
+    """Drafts, best first: split into blocks on large clusters, else the full search.
+    Lazy: the callers stop at the first draft that fits, so the safe draft behind the block
+    plan (8192 one-sequence micro-batches at 1024 GPUs) is rarely built."""
     from .greedy_blocks import search_blocks  # noqa: PLC0415 (both import this module)
     from .greedy_local import improve  # noqa: PLC0415
 
     big = search_blocks(inst, cluster)
     if big is not None:
-        return [big, safe_draft(inst, cluster)]
+        yield big
+        yield safe_draft(inst, cluster)
+        return
     drafts = search(inst, cluster)
-    return [improve(inst, cluster, drafts[0]), *drafts] if local else drafts
+    if local:
+        yield improve(inst, cluster, drafts[0])
+    yield from drafts
 
 
 def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> PlanResult:

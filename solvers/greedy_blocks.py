@@ -105,9 +105,11 @@ def _shift(d: Draft, sub: Instance, inst: Instance, rows: np.ndarray, offset: in
         j: int(np.flatnonzero(inst.degrees == sub.degrees[j])[0]) for j in range(len(sub.degrees))
     }
 
+    rl = rows.tolist()  # plain ints: indexing a list, not a numpy array, per sequence
+
     def conv(part):
         return [
-            (s + offset, col[j], [([int(rows[i]) for i in idx], r) for idx, r in bins])
+            (s + offset, col[j], [([rl[i] for i in idx], r) for idx, r in bins])
             for s, j, bins in part
         ]
 
