@@ -45,15 +45,20 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     time = np.full((n, nd), np.inf)
     marginal = np.full((n, nd), np.inf)
     over = cost.coeffs.microbatch_overhead_s
+    zero = np.zeros((1, feats.shape[1]))
     for j, d in enumerate(degrees):
         cap = best_capacity(cost, d)
         r = cost.min_recompute(tokens, d, cap)
         ok = r >= 0
         r_min[:, j] = r
-        if ok.any():
+        if ok.all():  # the common case: no row selection (copies of every feature row)
+            time[:, j] = cost.time(feats, d, r)
+            marginal[:, j] = time[:, j] - cost.time(zero, d, r)
+        elif ok.any():
             time[ok, j] = cost.time(feats[ok], d, r[ok])
-            # time is affine in the features: t(f) = t(0) + marginal(f)
-            marginal[ok, j] = time[ok, j] - cost.time(np.zeros_like(feats[ok]), d, r[ok])
+            # time is affine in the features: t(f) = t(0) + marginal(f); one zero row
+            # broadcast against every row's recompute level gives t(0) per row
+            marginal[ok, j] = time[ok, j] - cost.time(zero, d, r[ok])
     out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal)
     cost._cache[key] = out
     return out
