@@ -75,8 +75,14 @@ EXACT_MAX_SEQS = 8  # exact model up to this many sequences ...
 EXACT_MAX_GPUS = 16  # ... on up to this many GPUs
 MAX_MODEL_GPUS = 256  # larger clusters keep the greedy's block plan
 LP_MAX_SEQS = 64  # HiGHS runs on batches up to this size (one solve takes ~10-40 ms at 200)
+# The budget covers the greedy, the model build, CP-SAT and the finishing (extraction,
+# finish(), the LP bound). Kept back from it for the finishing: RESERVE_S plus
+# RESERVE_PER_SEQ_S per sequence (finish() and the separable LP bound grow with the batch:
+# ~15-60 ms at 2048 sequences on a loaded 2-core machine).
 RESERVE_S = 0.015
-FULL_MODEL_S = 2.0  # budgets from this long get every slot, not only the greedy's neighbourhood  # kept back from the budget for extraction and validation
+RESERVE_PER_SEQ_S = 10e-6
+MIN_SOLVE_S = 0.01  # less than this left before the model build: keep the greedy plan
+FULL_MODEL_S = 2.0  # budgets from this long get every slot, not only the greedy's neighbourhood
 
 
 def plan_cpsat(
@@ -149,6 +155,9 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
         return None, "fallback", "fallback: CP-SAT models homogeneous clusters; greedy plan"
     if c.num_gpus > MAX_MODEL_GPUS:
         return None, "feasible", "greedy block plan (cluster too large for the model)"
+    reserve = RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)
+    if not det and limit - (time.perf_counter() - started) - reserve < MIN_SOLVE_S:
+        return None, "feasible", "no time left for CP-SAT; greedy plan"
     exact = len(inst.ids) <= EXACT_MAX_SEQS and c.num_gpus <= EXACT_MAX_GPUS
     near: dict | None = None  # short budgets search near the greedy's layout only
     if limit < FULL_MODEL_S:
@@ -164,7 +173,8 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     p.random_seed = seed
     for key, value in params.items():
         setattr(p, key, value)
-    left = limit - (time.perf_counter() - started) - RESERVE_S
+    # max_time_in_seconds counts from solve(): what is left after the greedy and the build.
+    left = limit - (time.perf_counter() - started) - reserve
     if det:
         p.max_deterministic_time = max(limit, 0.01)
     elif left < 0.005:
