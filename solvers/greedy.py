@@ -83,12 +83,14 @@ class _Groups:
         all_t, all_r, all_tok = self.inst.lists()
         prefs = pref.tolist()
         replace = heapq.heapreplace
+        get = heaps.get
         for i in order.tolist():
             t_row, r_row, p, tok = all_t[i], all_r[i], prefs[i], all_tok[i]
             fin = None
-            if p in heaps:
+            hp = get(p)
+            if hp is not None:
                 j = p
-                g = heaps[p][0][1]
+                g = hp[0][1]
                 ot = open_tok[g]
                 packs = r_row[p] == 0 and ot >= 0 and ot + tok <= cap0[g]
                 fin = load[g] + (t_row[p] - const[p] if packs else t_row[p]) / speeds[g]
@@ -136,7 +138,7 @@ def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False)
     order = items[np.argsort(-tp, kind="stable")]
     if not st.one_by_one(order, pref, target, eft):
         return None
-    return [[(b[0], b[1]) for b in bs] for bs in st.bins], st.load
+    return st.bins, st.load  # bins as [indices, r] lists (unpacked like tuples)
 
 
 # ---- driver ---------------------------------------------------------------------------
