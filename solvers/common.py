@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from dcp_opt.batch import Batch
@@ -14,6 +17,31 @@ from dcp_opt.plan import Group
 from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
 from dcp_opt.validate import InvalidPlanError, validate
+
+_gc_lock = threading.Lock()
+_gc_pause = {"depth": 0, "was_enabled": False}
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a plan is made. A planner allocates tens of
+    thousands of small objects; a full collection triggered mid-plan walks every object of the
+    process (torch, OR-Tools), 60-100 ms of a 1024 x 8192 plan on the 2-core box. Reference
+    counting still frees the planner's objects; the collector resumes at exit. Nested and
+    concurrent planners share one pause: the last to leave restores the state found by the
+    first (a collector the caller had disabled stays disabled)."""
+    with _gc_lock:
+        if _gc_pause["depth"] == 0:
+            _gc_pause["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_pause["depth"] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pause["depth"] -= 1
+            if _gc_pause["depth"] == 0 and _gc_pause["was_enabled"]:
+                gc.enable()
 
 
 def finish(

@@ -65,7 +65,7 @@ from dcp_opt.validate import InvalidPlanError
 
 from . import cpsat_extract as cx
 from . import cpsat_model as cm
-from .common import finish
+from .common import finish, gc_paused
 from .greedy import Draft, Instance, assign, candidates, make_instance, place, to_phases
 from .lp_bound import lp_bound
 
@@ -102,8 +102,16 @@ def plan_cpsat(
     worker, fixed seed, the limit counted in CP-SAT's deterministic time and no wall-clock
     decision, so every process computes the byte-identical plan. `incumbents`: names of
     other planners whose plans compete too (the result is never slower than theirs).
-    `cpsat_params`: extra CP-SAT parameters."""
+    `cpsat_params`: extra CP-SAT parameters. The garbage collector pauses meanwhile
+    (solvers/common.py gc_paused: a mid-plan collection would eat the budget)."""
     started = time.perf_counter()
+    with gc_paused():
+        return _plan(
+            batch, cost, started, time_limit_s, num_workers, seed, deterministic, incumbents, opts
+        )
+
+
+def _plan(batch, cost, started, time_limit_s, num_workers, seed, deterministic, incumbents, opts):
     inst = make_instance(batch, cost)
     best, phases = _first_valid(candidates(inst, cost.cluster), inst, cost)
     stats: dict = {"greedy_finish_s": best.finish_s}

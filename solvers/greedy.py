@@ -32,7 +32,7 @@ from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
-from .common import finish
+from .common import finish, gc_paused
 from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import them here)
     Draft,
     Instance,
@@ -339,16 +339,17 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
     """Best of the greedy candidates (see the module docstring). `seed` is unused: the
     planner is deterministic; it is accepted so that every planner shares one signature."""
     started = time.perf_counter()
-    inst = make_instance(batch, cost)
-    for draft in candidates(inst, cost.cluster):
-        phases = to_phases(draft, inst, cost)
-        if phases is not None:
-            break
-    return finish(
-        phases,
-        batch,
-        cost,
-        planner="greedy",
-        started=started,
-        stats={"candidate": list(draft.how)},
-    )
+    with gc_paused():
+        inst = make_instance(batch, cost)
+        for draft in candidates(inst, cost.cluster):
+            phases = to_phases(draft, inst, cost)
+            if phases is not None:
+                break
+        return finish(
+            phases,
+            batch,
+            cost,
+            planner="greedy",
+            started=started,
+            stats={"candidate": list(draft.how)},
+        )
