@@ -8,6 +8,7 @@ Depends on the dcp_opt core and torch, never on dcp_opt.solvers (it receives a P
 """
 
 from .executor import (
+    MicroBatchOutOfMemoryError,
     PlanMismatchError,
     StepReport,
     check_same_plan,
@@ -26,6 +27,7 @@ __all__ = [
     "GroupPool",
     "LMConfig",
     "LMTask",
+    "MicroBatchOutOfMemoryError",
     "PlanMismatchError",
     "SPGroup",
     "SPState",

@@ -29,6 +29,27 @@ class PlanMismatchError(DcpOptError):
     """Ranks hold different plans; raised on every rank before any step collective."""
 
 
+class MicroBatchOutOfMemoryError(RuntimeError):
+    """A micro-batch ran out of device memory; the message names the plan entry, so the user
+    can lower `CostModel.usable_memory_fraction` (the safety margin) or re-profile."""
+
+
+def _oom_error(rank: int, phase: int, group, index: int, mb, cause: BaseException):
+    last = group.start_rank + group.degree - 1
+    return MicroBatchOutOfMemoryError(
+        f"rank {rank}: out of memory in phase {phase}, group ranks {group.start_rank}..{last} "
+        f"(degree {group.degree}), micro-batch {index}: sequences {list(mb.sequence_ids)}, "
+        f"recompute_layers {mb.recompute_layers}; lower CostModel.usable_memory_fraction or "
+        f"re-profile the model ({type(cause).__name__}: {str(cause)[:200]})"
+    )
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+    )
+
+
 @dataclass(frozen=True)
 class MicroBatchTime:
     phase: int
@@ -156,7 +177,12 @@ def execute_step(
             state.recompute_layers = mb.recompute_layers
             samples = [(sid, get(sid)) for sid in mb.sequence_ids]
             kw = {"step": step, "kind": plan.normalizer_kind, "scale": 1 / plan.loss_normalizer}
-            loss += task.run(model, samples, state, **kw).to(loss.dtype)
+            try:
+                loss += task.run(model, samples, state, **kw).to(loss.dtype)
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                if _is_oom(e):
+                    raise _oom_error(pool.rank, p, group, k, mb, e) from e
+                raise
             _sync()
             seconds = time.perf_counter() - t0
             times.append(

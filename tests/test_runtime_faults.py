@@ -9,7 +9,15 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from dcp_opt.runtime import LMTask, PlanMismatchError, SPState, execute_step, parallelize
+import torch
+from dcp_opt.runtime import (
+    LMTask,
+    MicroBatchOutOfMemoryError,
+    PlanMismatchError,
+    SPState,
+    execute_step,
+    parallelize,
+)
 from dcp_opt.runtime.testing import DistWorkers
 
 from dcp_opt import Batch
@@ -91,3 +99,38 @@ def test_rank_failing_mid_step_fails_every_rank(workers, how):
         assert "injected failure" in workers.errors[1]
     else:
         assert "exited with code 3" in workers.errors[1]
+
+
+@dataclass(frozen=True)
+class OOMTask:
+    """LMTask whose micro-batch holding sequence `at` runs out of memory on every rank."""
+
+    at: int
+
+    def run(self, model, samples, state, **kw):
+        if any(sid == self.at for sid, _ in samples):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return LMTask().run(model, samples, state, **kw)
+
+
+def job_oom(ctx, plan_json: str, task):
+    model = make_model("1d", 3)
+    state = SPState()
+    parallelize(model, state)
+    try:
+        execute_step(
+            Plan.from_json(plan_json), task, model, make_data("1d", BATCH, 3),
+            pool=ctx.pool, state=state, step=0,
+        )  # fmt: skip
+    except MicroBatchOutOfMemoryError as e:
+        return str(e)
+    return "no error"
+
+
+def test_out_of_memory_names_the_plan_entry(workers):
+    # Micro-batches run in order (0, 2, 1): sequence 2 is micro-batch 1 of the degree-2 group.
+    plan = plan_for((0, 2, 1)).to_json()
+    for message in workers.run(job_oom, plan, OOMTask(2)):
+        assert "phase 0, group ranks 0..1 (degree 2), micro-batch 1" in message
+        assert "sequences [2], recompute_layers 0" in message
+        assert "usable_memory_fraction" in message and "OutOfMemoryError" in message
