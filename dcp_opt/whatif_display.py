@@ -41,7 +41,8 @@ def recommendation(doc: dict) -> list[str]:
     """Plain sentences: the best planner, its speedup, the degrees to provision, memory."""
     best = doc["best_planner"]
     if best is None:
-        return ["no planner gave a valid plan on any batch; see the errors above"]
+        errors = [f"{r['planner']}: {r['errors'][0]}" for r in doc["planners"] if r["errors"]]
+        return ["no planner gave a valid plan on any batch"] + errors[:5]
     row = next(r for r in doc["planners"] if r["planner"] == best)
     sp = row["speedup"]
     out = [

@@ -289,3 +289,19 @@ def test_whatif_imports_neither_matplotlib_nor_rich():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_recommendation_lists_errors_when_no_planner_succeeds():
+    from dcp_opt.whatif_display import recommendation
+
+    doc = {
+        "best_planner": None,
+        "planners": [
+            {"planner": "greedy", "errors": ["sequence 3 cannot fit"]},
+            {"planner": "bucket", "errors": []},
+        ],
+    }
+    assert recommendation(doc) == [
+        "no planner gave a valid plan on any batch",
+        "greedy: sequence 3 cannot fit",
+    ]
