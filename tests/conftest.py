@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, settings
 
 # ci: 30 examples per property, derandomized so that CI runs the same examples every time
 # (a new failure comes from a code change, never from luck); nightly explores: 10,000 random
-# examples per property (searching planners get a third, tests/test_properties.py). dev: quick.
+# examples per property (in CI, searching planners get a third: tests/test_properties.py). dev: quick.
 # Choose with HYPOTHESIS_PROFILE=ci|nightly|dev (default ci).
 settings.register_profile(
     "ci",

@@ -58,11 +58,22 @@ def sizes(name: str) -> dict:
     return {"max_gpus": 16, "max_seqs": 8} if name in SLOW else {}
 
 
+NIGHTLY_EXAMPLES = 10_000
+
+
+def searching_examples() -> int:
+    """Examples for a property that calls a searching planner or brute force: a third of the
+    profile's (at least 5) to keep CI short; the nightly profile runs all of them (issue 7:
+    at least 10,000 examples per property)."""
+    n = settings().max_examples
+    return n if n >= NIGHTLY_EXAMPLES else max(5, n // 3)
+
+
 def budgeted(name: str, prop):
-    """A searching planner gets a third of the profile's examples (at least 5)."""
+    """A searching planner gets `searching_examples()`."""
     if name not in SLOW:
         return prop
-    return settings(max_examples=max(5, settings.default.max_examples // 3))(prop)
+    return settings(max_examples=searching_examples())(prop)
 
 
 # ---- core: any valid plan ----------------------------------------------------------------
@@ -272,7 +283,7 @@ TINY_SHAPES = [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (1, 3), (3, 1)]
 
 
 @pytest.mark.parametrize("shape", TINY_SHAPES)
-@settings(max_examples=max(5, settings().max_examples // 3))
+@settings(max_examples=searching_examples())
 @given(data=st.data())
 def test_brute_force_is_a_valid_plan_above_the_bound(shape, data):
     inst = data.draw(tiny_instances(*shape))
@@ -294,7 +305,7 @@ def test_brute_force_is_a_valid_plan_above_the_bound(shape, data):
     "small, big",
     [((1, 1), (1, 2)), ((1, 2), (1, 4)), ((1, 1), (2, 1)), ((2, 1), (4, 1)), ((1, 2), (2, 2))],
 )
-@settings(max_examples=max(5, settings().max_examples // 3))
+@settings(max_examples=searching_examples())
 @given(data=st.data())
 def test_more_gpus_never_predict_a_slower_optimum(small, big, data):
     # Every single-phase layout of the small cluster is a layout of the big one's first ranks
