@@ -1,6 +1,11 @@
 """`dcp-opt profile`: measure a model's blocks on this device, fit, write a profile JSON.
 
     dcp-opt profile --target tiny-lm -o tiny-lm.profile.json [--force] [--a2a-world 2]
+    dcp-opt profile --model hf:llama-7b --dtype bfloat16 -o llama-7b.profile.json
+
+`--model hf:<name-or-path>` profiles a Hugging Face causal LM (runtime/profile_hf.py): a
+built-in config, a directory with config.json, a config.json file, or a hub id already in the
+local cache; nothing is downloaded.
 
 The profile loads with `dcp_opt.profile_io.cost_model_from_profile(path, model, cluster)`.
 Measured points are cached (default: `<output>.points.json`), so a re-run after a crash or
@@ -26,6 +31,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure the model on this device and fit the cost model")
     p.add_argument("--target", default="tiny-lm", choices=TARGETS, help="model to profile")
+    p.add_argument(
+        "--model",
+        metavar="hf:NAME_OR_PATH",
+        help="a Hugging Face causal LM instead of --target (e.g. hf:llama-7b, hf:./my-model); "
+        "its config sets depth and widths (--layers/--hidden/--heads/--ffn are ignored)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="profile JSON to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile")
     p.add_argument("--cache", metavar="FILE", help="point cache (default <output>.points.json)")
@@ -59,9 +70,24 @@ def _check_output(args: argparse.Namespace) -> Path:
     return out
 
 
-def _target(args: argparse.Namespace):
+def _hf_ref(value: str) -> str:
+    from dcp_opt.runtime.profile_hf import ALLOWED_FORMS
+
+    ref = value[3:] if value.startswith("hf:") else ""
+    if not ref:
+        raise DcpOptError(f"--model: {value!r} not allowed; allowed: {ALLOWED_FORMS}")
+    return ref
+
+
+def _target(args: argparse.Namespace, device: str):
     import torch
 
+    if args.model is not None:
+        from dcp_opt.runtime.profile_hf import hf_target
+
+        dtype = getattr(torch, args.dtype)
+        ref = _hf_ref(args.model)
+        return hf_target(ref, dtype=dtype, device=device, attention=args.attention), dtype
     from dcp_opt.runtime.models import DiTConfig, LMConfig
     from dcp_opt.runtime.profile_blocks import dit_target, lm_target
 
@@ -106,7 +132,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
         raise DcpOptError(f"--device: {device!r} not available; allowed: cpu, cuda (with a GPU)")
-    target, dtype = _target(args)
+    target, dtype = _target(args, device)
     clock = CudaClock() if device == "cuda" else CpuClock()
     if device == "cuda":
         for m in [*target.blocks.values(), target.head]:

@@ -1,0 +1,291 @@
+"""Profile a Hugging Face causal LM: one decoder layer and the LM head behind the profiler's
+protocols (runtime/profile_blocks.py), with the ModelSpec of the full model from its config.
+
+    target = hf_target("llama-7b", dtype=torch.bfloat16, device="cuda")   # built-in config
+    target = hf_target(model)                 # a loaded transformers PreTrainedModel
+    profile = runtime.profiler.profile_model(target, clock=CudaClock(), dtype=torch.bfloat16)
+
+What runs is what the runtime runs (runtime/hf.py): a packed row [1, T] whose `position_ids`
+restart at every sequence, through transformers' own decoder layer. Attention, by
+`attention=`:
+
+- "per_segment" (default): one PyTorch SDPA call per packed sequence (4-D, causal, no mask:
+  the flash kernel on CUDA at bf16, the fused kernel on CPU), cost sum s^2, as the cost model
+  and FlashAttention's varlen kernels assume (Dao 2023, sec. 3.1);
+- "runtime": runtime.hf's "dcp_ulysses" function at SP degree 1, i.e. SDPA with a [T, T]
+  block-diagonal causal mask, cost (sum s)^2.
+
+A config is built offline and never downloaded: a built-in name, a directory holding
+config.json, a config.json file, or a hub id already in the local cache. Only one decoder
+layer (plus embedding and LM head) is instantiated; the spec carries the full depth, which
+the CostModel multiplies in (runtime/profiler.py: the extrapolation).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from dcp_opt.errors import DcpOptError
+from dcp_opt.model import ModelSpec
+
+from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes, per_segment_attention
+
+ATTN_PER_SEGMENT = "dcp_profile_per_segment"
+ATTENTIONS = ("per_segment", "runtime")
+
+# Offline configs (no hub access needed). Llama 2 7B: 32 layers, hidden 4096, 32 heads,
+# SwiGLU 11008, vocab 32000 (Touvron et al. 2023, table 1), as dcp_opt's "llama-7b" preset.
+BUILTIN_CONFIGS: dict[str, dict] = {
+    "llama-7b": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+    ),
+    "tiny-llama": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+    ),
+}
+ALLOWED_FORMS = (
+    f"hf:<built-in name> ({', '.join(BUILTIN_CONFIGS)}), hf:<directory with config.json>, "
+    "hf:<path/to/config.json>, hf:<hub id already in the local Hugging Face cache>"
+)
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise DcpOptError(
+            "HF profiling needs transformers, which is not installed; "
+            "install it with: pip install 'dcp_opt[hf]'"
+        ) from None
+    return transformers
+
+
+def load_hf_config(ref: str):
+    """A transformers config from `ref` (see ALLOWED_FORMS, without the "hf:"), offline."""
+    tf = _transformers()
+    if ref in BUILTIN_CONFIGS:
+        cfg = tf.LlamaConfig(**BUILTIN_CONFIGS[ref], attention_dropout=0.0)
+        cfg.name_or_path = ref
+        return cfg
+    path = Path(ref)
+    try:
+        if path.is_file():
+            d = json.loads(path.read_text())
+            cfg = tf.AutoConfig.for_model(d.pop("model_type"), **d)
+        else:
+            cfg = tf.AutoConfig.from_pretrained(ref, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DcpOptError(
+            f"model: cannot load an HF config from {ref!r} offline ({why}); "
+            f"allowed: {ALLOWED_FORMS}"
+        ) from None
+    cfg.name_or_path = cfg.name_or_path or ref
+    return cfg
+
+
+def _per_segment_hf(module, query, key, value, attention_mask, *, scaling=None, segments=None, **_):
+    """transformers attention function: query [1, H, T, Dh], key/value [1, H_kv, T, Dh];
+    block-diagonal causal attention by `segments` ([T]); returns ([1, T, H, Dh], None)."""
+    if segments is None or query.shape[0] != 1:
+        raise RuntimeError(f"{ATTN_PER_SEGMENT}: needs a packed row [1, T] and `segments`")
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: repeat kv heads, as
+    q = query[0].transpose(0, 1)  # runtime.hf.dcp_attention does
+    k = key[0].repeat_interleave(groups, dim=0).transpose(0, 1)
+    v = value[0].repeat_interleave(groups, dim=0).transpose(0, 1)
+    default = q.shape[-1] ** -0.5  # per_segment_attention's (SDPA's) scale
+    if scaling is not None and abs(scaling / default - 1) > 1e-9:
+        q = q * (scaling / default)
+    return per_segment_attention(q, k, v, segments=segments, causal=True)[None], None
+
+
+class HFLayerAdapter:
+    """One transformers decoder layer on a packed row: h [1, T, C] (generated on the target
+    device), position_ids [1, T] restarting per sequence, segment ids [T].
+
+    RoPE's (cos, sin) are computed inside the forward, although the model computes them
+    once per step: their time is negligible next to a layer's, and a checkpointed layer then
+    keeps only h, positions and segment ids, as it does inside the model, where (cos, sin)
+    are shared by every layer."""
+
+    block_type = "layer"
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state=None, seed=0):
+        self.module, self.rotary, self.hidden = layer, rotary, hidden
+        self.state, self.seed = state, seed  # state: runtime.hf's SPState ("runtime" attention)
+
+    def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
+        device = torch.device(device)
+        gen = torch.Generator(device).manual_seed(self.seed)
+        lengths = [int(s[0]) for s in shapes]
+        pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
+        seg = torch.cat([torch.full((n,), i, device=device) for i, n in enumerate(lengths)])
+        shape = (1, sum(lengths), self.hidden)
+        h = torch.randn(shape, generator=gen, device=device, dtype=dtype).requires_grad_(True)
+        self.rotary.to(device)
+        return [(h, pos, seg)]
+
+    def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
+        outs = []
+        for h, pos, seg in inputs:
+            if self.state is not None:
+                self.state.segments = seg
+            with torch.no_grad():
+                cos, sin = self.rotary(h, pos)
+            out = self.module(
+                h, position_ids=pos, position_embeddings=(cos, sin), segments=seg, use_cache=False
+            )
+            outs.append(out[0] if isinstance(out, tuple) else out)  # older transformers: tuple
+        return outs
+
+
+def _parts(model: nn.Module):
+    """(decoder layers, rotary embedding, token embedding, final norm, LM head) of a
+    Llama-style transformers causal LM, or a DcpOptError naming what is missing."""
+    from .hf import decoder_layers
+
+    inner = getattr(model, "model", None)
+    parts = {
+        "model.layers": inner is not None and decoder_layers(model),
+        "model.rotary_emb": getattr(inner, "rotary_emb", None),
+        "model.embed_tokens": getattr(inner, "embed_tokens", None),
+        "model.norm": getattr(inner, "norm", None),
+        "lm_head": getattr(model, "lm_head", None),
+    }
+    missing = [k for k, v in parts.items() if not isinstance(v, nn.Module)]
+    if missing:
+        raise DcpOptError(
+            f"model: {type(model).__name__} has no {', '.join(missing)}; allowed: a Llama-style "
+            "transformers causal LM (Llama, Mistral, Qwen2, ...) with rotary embeddings"
+        )
+    return tuple(parts.values())
+
+
+def _build_one_layer(config, *, dtype, device, seed: int) -> nn.Module:
+    """The model of `config` with one decoder layer, built directly on `device`."""
+    tf = _transformers()
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    torch.manual_seed(seed)
+    try:
+        with torch.device(device):
+            model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    except ValueError as e:
+        raise DcpOptError(f"model: {cfg.model_type!r} is not a causal LM transformers can build "
+                          f"({str(e).splitlines()[0]})") from None  # fmt: skip
+    return model.to(dtype)
+
+
+def hf_spec(config, layer: nn.Module, *, name: str, dtype_bytes: int, extra_params: int):
+    """The cost-model view of the full-depth model: depth and widths from the config, gated
+    MLP if the layer has a gate projection, parameters counted exactly (one layer's times the
+    depth, plus embedding, norm and head in `extra_params`). Grouped-query attention (fewer
+    kv heads) is not a ModelSpec field: the measured times include it, the FLOP-based
+    presets and parameter formulas of ModelSpec do not."""
+    per_layer = sum(p.numel() for p in layer.parameters())
+    return ModelSpec(
+        name,
+        "1d",
+        int(config.num_hidden_layers),
+        int(config.hidden_size),
+        int(config.num_attention_heads),
+        int(config.intermediate_size),
+        vocab_size=int(config.vocab_size),
+        gated_mlp=hasattr(getattr(layer, "mlp", None), "gate_proj"),
+        dtype_bytes=dtype_bytes,
+        num_params=float(per_layer * config.num_hidden_layers + extra_params),
+    )
+
+
+def hf_target(
+    model_or_config,
+    *,
+    name: str | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    attention: str = "per_segment",
+    seed: int = 0,
+) -> ProfileTarget:
+    """ProfileTarget of a transformers causal LM: a PreTrainedModel (its first layer is
+    copied, so the model itself is left unchanged; `dtype` and `device` are the model's), a
+    config, or a config reference string (load_hf_config). Built from a config, the model
+    gets one layer, random weights, `dtype` (default float32) on `device`."""
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention: {attention!r} not allowed; allowed: {', '.join(ATTENTIONS)}")
+    if isinstance(model_or_config, nn.Module):
+        model, config = model_or_config, model_or_config.config
+        layers, rotary, embed, norm, head = _parts(model)
+        layer = copy.deepcopy(layers[0])
+    else:
+        config = model_or_config
+        if isinstance(config, str):
+            config = load_hf_config(config)
+        model = _build_one_layer(config, dtype=dtype or torch.float32, device=device, seed=seed)
+        layers, rotary, embed, norm, head = _parts(model)
+        layer = layers[0]
+    dtype = next(layer.parameters()).dtype
+    state = _select_attention(layer, attention)
+    outside = [embed, norm] + ([] if head.weight is embed.weight else [head])
+    spec = hf_spec(
+        config,
+        layer,
+        name=name or f"hf:{config.name_or_path or config.model_type}",
+        dtype_bytes=torch.finfo(dtype).bits // 8,
+        extra_params=sum(p.numel() for m in outside for p in m.parameters()),
+    )
+    shim = SimpleNamespace(embed=embed, norm=norm, head=head, cfg=config)  # LMHeadAdapter's view
+    meta = {
+        "hf_model_type": config.model_type,
+        "num_kv_heads": int(getattr(config, "num_key_value_heads", config.num_attention_heads)),
+        "head_dim": int(layer.self_attn.head_dim),
+        "attention": attention,
+    }
+    return ProfileTarget(
+        spec,
+        {"layer": HFLayerAdapter(layer, rotary, spec.hidden, state=state, seed=seed)},
+        LMHeadAdapter(shim, seed),
+        signature=f"hf/{json.dumps(meta, sort_keys=True)}/{spec.to_dict()}/{dtype}",
+        meta=meta,
+    )
+
+
+def _select_attention(layer: nn.Module, attention: str):
+    """Point `layer`'s attention at the chosen function through a config copy of its own, so
+    no other module sharing the config changes. Returns runtime.hf's SPState for "runtime"."""
+    attn = layer.self_attn
+    attn.config = copy.copy(attn.config)
+    if attention == "per_segment":
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(ATTN_PER_SEGMENT, _per_segment_hf)
+        attn.config._attn_implementation = ATTN_PER_SEGMENT
+        return None
+    from .hf import parallelize_hf
+    from .parallelize import SPState
+
+    # parallelize_hf wants a causal LM; a shell holding just this layer (degree 1, no
+    # recompute wrapper: the profiler checkpoints the layer itself).
+    shell = nn.Module()
+    shell.config, shell.model = attn.config, nn.Module()
+    shell.model.layers = nn.ModuleList([layer])
+    state = SPState()
+    parallelize_hf(shell, state)
+    return state

@@ -1,0 +1,172 @@
+"""Profiling a Hugging Face causal LM (runtime/profile_hf.py): the layer adapter computes what
+the model computes, the spec is the config's, a tiny profile drives a CostModel, and bad model
+references fail with the allowed forms. CPU, tiny sizes, nothing downloaded."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from dcp_opt.runtime import profiler as P  # noqa: E402
+from dcp_opt.runtime.hf import tiny_llama  # noqa: E402
+from dcp_opt.runtime.profile_hf import (  # noqa: E402
+    ALLOWED_FORMS,
+    hf_target,
+    load_hf_config,
+)
+
+from dcp_opt import CostModel, Sequence, cluster_preset, model_preset  # noqa: E402
+from dcp_opt.errors import DcpOptError  # noqa: E402
+from dcp_opt.profile_io import (  # noqa: E402
+    cost_model_from_profile,
+    layer_fingerprint,
+    load_profile,
+    save_profile,
+)
+
+TINY_GRID = P.Grid(lengths=(8, 16, 32, 48), pack=(1, 2, 3), max_tokens=96)
+TINY = P.ProfileConfig(grid=TINY_GRID, warmup=0, repeats=1, passes=1, min_time_s=0.0)
+
+
+@functools.cache
+def _model():
+    # 2 layers, 4 query heads over 2 kv heads (grouped-query attention), float64.
+    return tiny_llama(num_layers=2, num_kv_heads=2, dtype=torch.float64)
+
+
+def _reference(model, lengths, seed=3):
+    """Layer 0 of the model, each sequence alone through the model's own "sdpa" attention,
+    positions 0..s-1: what single-sequence training computes."""
+    gen = torch.Generator().manual_seed(seed)
+    hs = [torch.randn(1, n, model.config.hidden_size, generator=gen, dtype=torch.float64)
+          for n in lengths]  # fmt: skip
+    outs = []
+    for h in hs:
+        pos = torch.arange(h.shape[1])[None]
+        cos_sin = model.model.rotary_emb(h, pos)
+        outs.append(model.model.layers[0](h, position_ids=pos, position_embeddings=cos_sin))
+    return hs, torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("attention", ["per_segment", "runtime"])
+def test_layer_adapter_matches_each_sequence_alone(attention):
+    model = _model()
+    lengths = [5, 9, 3]
+    hs, want = _reference(model, lengths)
+    target = hf_target(model, attention=attention)
+    block = target.blocks["layer"]
+    [(h, pos, seg)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
+    assert pos[0].tolist() == [*range(5), *range(9), *range(3)]  # restart per sequence
+    with torch.no_grad():
+        h.copy_(torch.cat(hs, dim=1))
+    got = block.forward([(h, pos, seg)])[0]
+    assert torch.allclose(got, want, rtol=0, atol=1e-10)
+    # Packed without per-sequence attention, the second sequence would see the first: the
+    # comparison above can fail.
+    lone = model.model.layers[0](
+        h, position_ids=pos, position_embeddings=model.model.rotary_emb(h, pos)
+    )
+    assert not torch.allclose(lone, want, atol=1e-6)
+
+
+def test_user_model_is_left_unchanged():
+    model = _model()
+    before = model.model.layers[0].self_attn.config._attn_implementation
+    hf_target(model, attention="per_segment")
+    hf_target(model, attention="runtime")
+    assert model.config._attn_implementation == before == "sdpa"
+    assert model.model.layers[0].self_attn.config._attn_implementation == "sdpa"
+
+
+def test_spec_matches_the_hf_config():
+    model = _model()
+    cfg = model.config
+    for target in (hf_target(model), hf_target(cfg, dtype=torch.float64)):
+        spec = target.model
+        assert (spec.kind, spec.num_layers, spec.hidden) == ("1d", 2, cfg.hidden_size)
+        assert (spec.num_heads, spec.ffn_hidden) == (cfg.num_attention_heads, 128)
+        assert spec.vocab_size == cfg.vocab_size and spec.gated_mlp and spec.causal
+        assert spec.dtype_bytes == 8
+        # Exact parameter count of the full-depth model, though one layer was built.
+        assert spec.num_params == sum(p.numel() for p in model.parameters())
+        assert target.meta["num_kv_heads"] == 2 and target.meta["head_dim"] == 16
+    # Built from a config: one layer only, whatever the depth.
+    built = hf_target(cfg).blocks["layer"].module
+    assert sum(1 for _ in built.modules()) == sum(1 for _ in model.model.layers[0].modules())
+
+
+def test_builtin_llama_7b_is_the_llama_7b_preset():
+    # On the meta device: shapes only, no memory, no time.
+    target = hf_target("llama-7b", dtype=torch.bfloat16, device="meta", name="llama-7b")
+    preset = model_preset("llama-7b")
+    assert layer_fingerprint(target.model) == layer_fingerprint(preset)
+    assert target.model.num_layers == preset.num_layers == 32
+    assert target.model.num_params == pytest.approx(preset.num_params, rel=1e-3)
+
+
+def test_tiny_profile_loads_into_a_cost_model(tmp_path):
+    target = hf_target(_model().config, dtype=torch.float32, name="tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timing noise of a loaded CPU; fit quality not tested
+        prof = P.profile_model(target, TINY, clock=P.CpuClock(), progress=False)
+    path = save_profile(prof, tmp_path / "tiny.profile.json")
+    cost = cost_model_from_profile(path, target.model, cluster_preset("h200x8"))
+    assert isinstance(cost, CostModel) and cost.coeffs.source == "profile"
+    assert load_profile(path).model == target.model
+    # Checkpoint bytes per token: the layer input h (64 float32) plus positions and segment
+    # ids (int64): 64 * 4 + 8 + 8 = 272; activations are many times that.
+    assert prof.coefficients.ckpt_bytes_per_token_layer == pytest.approx(272)
+    assert prof.coefficients.act_bytes_per_token_layer > 5 * 272
+    assert prof.fit["layer"]["fwd"]["n_train"] >= 4 and "head" in prof.fit
+    # Full depth: the measured layer counted num_layers (= 2) times.
+    t = cost.microbatch_time([Sequence(0, (40,))], 1)
+    layer_fwd = cost.coeffs.blocks["layer"].fwd
+    assert t.total_s >= 2 * (layer_fwd.lin * 40 + layer_fwd.const) > 0
+
+
+def test_cli_profiles_an_hf_config_directory(tmp_path, capsys):
+    from dcp_opt.cli import main
+
+    _model().config.save_pretrained(tmp_path / "cfg")
+    out = tmp_path / "hf.profile.json"
+    argv = ["profile", "--model", f"hf:{tmp_path / 'cfg'}", "-o", str(out), "--quick"]
+    assert main([*argv, "--no-progress", "--json", "--no-cache"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fit"]["layer"]["fwd"]["n_train"] >= 4
+    prof = load_profile(out)
+    assert prof.model.num_layers == 2 and prof.model.dtype_bytes == 4
+    assert prof.method["target"].startswith("hf/")
+
+
+@pytest.mark.parametrize("ref", ["no-such/model-xyz", "./missing-dir", "LLAMA-7B"])
+def test_bad_model_reference_names_the_allowed_forms(ref):
+    with pytest.raises(DcpOptError, match="allowed: hf:<built-in name>") as e:
+        load_hf_config(ref)
+    assert repr(ref) in str(e.value)
+
+
+def test_config_json_of_an_unknown_model_type(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "no-such-arch", "hidden_size": 8}))
+    with pytest.raises(DcpOptError, match="cannot load an HF config"):
+        load_hf_config(str(path))
+
+
+def test_cli_errors(tmp_path, capsys, monkeypatch):
+    from dcp_opt.cli import main
+
+    out = str(tmp_path / "p.json")
+    assert main(["profile", "--model", "llama-7b", "-o", out]) == 2  # no "hf:" prefix
+    assert ALLOWED_FORMS.split(",")[0] in capsys.readouterr().err
+    assert main(["profile", "--model", "hf:no-such/model-xyz", "-o", out]) == 2
+    assert "offline" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    assert main(["profile", "--model", "hf:tiny-llama", "-o", out]) == 2
+    assert "pip install 'dcp_opt[hf]'" in capsys.readouterr().err
