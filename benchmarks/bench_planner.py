@@ -9,14 +9,21 @@ called once first to warm up (imports, OR-Tools start-up), then `--reps` times p
 Gap = predicted step time / lower bound - 1 (the planner's own, tightest bound). CPU time
 (all threads of the process) is reported next to wall time: on a shared machine the wall
 time also counts waiting for a core.
-JSON keys: {"config": {...}, "rows": [{"planner", "workload", "gpus", "seqs", "reps",
-"p50_ms", "p99_ms", "max_ms", "cpu_p50_ms", "cpu_p99_ms", "gap_median", "gap_max", "over_budget_ms_max", "statuses"}]}.
+For cpsat, each batch is also planned by the greedy (outside the timing) to count how often
+CP-SAT improves on its own hint: vs_greedy = cpsat predicted step time / greedy's.
+JSON keys: {"config": {..., "loadavg_start", "loadavg_end"}, "rows": [{"planner",
+"workload", "gpus", "seqs", "reps", "p50_ms", "p99_ms", "max_ms", "cpu_p50_ms", "cpu_p99_ms",
+"gap_median", "gap_max", "over_budget_ms_max", "over_budget_count" (calls past budget +
+50 ms), "statuses", "stage_ms_p50" / "stage_ms_max" ({stage: ms}, cpsat's
+stats["stage_s"]), "vs_greedy_median", "vs_greedy_min", "improved" (batches with
+vs_greedy < 1)}]}; the cpsat-only keys are null for other planners.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -44,7 +51,7 @@ def options(planner: str, budget: float) -> dict:
 def run_scale(planner: str, workload: str, gpus: int, seqs: int, reps: int, budget: float):
     model = model_preset(MODELS[workload[:2]])
     cluster = cluster_preset(f"h200x{gpus}")
-    walls, cpus, gaps, statuses = [], [], [], {}
+    walls, cpus, gaps, statuses, stages, vs_greedy = [], [], [], {}, [], []
     for rep in range(reps):
         batch = batch_of(workload, seqs, rep)
         cost = CostModel(model, cluster)  # fresh: no table cached from an earlier call
@@ -55,9 +62,14 @@ def run_scale(planner: str, workload: str, gpus: int, seqs: int, reps: int, budg
         assert validate(res.plan, batch, cost) == [], (planner, workload, gpus, rep)
         gaps.append(res.gap)
         statuses[res.status] = statuses.get(res.status, 0) + 1
+        if planner == "cpsat":
+            stages.append(res.stats.get("stage_s", {}))
+            greedy = run_planner("greedy", batch, CostModel(model, cluster))
+            vs_greedy.append(res.predicted_step_time_s / greedy.predicted_step_time_s)
     w = np.array(walls) * 1e3
     limit = budget * 1e3 if planner == "cpsat" else 0.0
     return {
+        **_cpsat_keys(w, limit, stages, vs_greedy),
         "planner": planner,
         "workload": workload,
         "gpus": gpus,
@@ -73,6 +85,39 @@ def run_scale(planner: str, workload: str, gpus: int, seqs: int, reps: int, budg
         "over_budget_ms_max": float(w.max() - limit) if planner == "cpsat" else None,
         "statuses": statuses,
     }
+
+
+def _cpsat_keys(walls_ms: np.ndarray, limit_ms: float, stages: list, vs_greedy: list) -> dict:
+    """Per-stage times and the comparison with the greedy (None for other planners)."""
+    if not stages:
+        keys = ("over_budget_count", "stage_ms_p50", "stage_ms_max", "vs_greedy_median")
+        return dict.fromkeys((*keys, "vs_greedy_min", "improved"))
+    names = list(dict.fromkeys(k for st in stages for k in st))
+    per = {n: np.array([st.get(n, 0.0) for st in stages]) * 1e3 for n in names}
+    return {
+        "over_budget_count": int((walls_ms > limit_ms + 50.0).sum()),
+        "stage_ms_p50": {n: float(np.median(x)) for n, x in per.items()},
+        "stage_ms_max": {n: float(x.max()) for n, x in per.items()},
+        "vs_greedy_median": float(np.median(vs_greedy)),
+        "vs_greedy_min": float(np.min(vs_greedy)),
+        "improved": int(sum(r < 1 - 1e-9 for r in vs_greedy)),
+    }
+
+
+def _line(r: dict) -> str:
+    out = (
+        f"{r['planner']:8} {r['workload']:12} {r['gpus']:>4}x{r['seqs']:<5} {r['p50_ms']:8.1f} "
+        f"{r['p99_ms']:8.1f} {r['max_ms']:8.1f} {r['cpu_p50_ms']:8.1f} {r['cpu_p99_ms']:8.1f} "
+        f"{r['gap_median']:8.3f} {r['gap_max']:8.3f}  {r['statuses']}"
+    )
+    if r["stage_ms_p50"] is not None:
+        stages = " ".join(f"{k}={v:.0f}" for k, v in r["stage_ms_p50"].items())
+        out += (
+            f"\n{'':8} improved {r['improved']}/{r['reps']}, vs greedy median "
+            f"{r['vs_greedy_median']:.4f} min {r['vs_greedy_min']:.4f}; "
+            f"over budget+50ms {r['over_budget_count']}; stage p50 ms: {stages}"
+        )
+    return out
 
 
 def main(argv=None) -> int:
@@ -91,9 +136,10 @@ def main(argv=None) -> int:
         warm = CostModel(model_preset(MODELS["1d"]), cluster_preset("h200x8"))
         run_planner(p, batch_of("1d-short", 16, 0), warm)
     rows = []
+    load_start = os.getloadavg()
     print(
         f"{'planner':8} {'workload':12} {'scale':>10} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'cpu p50':>8} {'cpu p99':>8} {'gap med':>8} {'gap max':>8}  statuses"
+        f"{'max ms':>8} {'cpu p50':>8} {'cpu p99':>8} {'gap med':>8} {'gap max':>8}  statuses"
     )
     for gpus, seqs in scales:
         for wl in workloads:
@@ -101,15 +147,11 @@ def main(argv=None) -> int:
                 reps = a.big_reps if gpus >= 1024 else a.reps
                 r = run_scale(p, wl, gpus, seqs, reps, a.budget)
                 rows.append(r)
-                print(
-                    f"{p:8} {wl:12} {gpus:>4}x{seqs:<5} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} "
-                    f"{r['cpu_p50_ms']:8.1f} {r['cpu_p99_ms']:8.1f} {r['gap_median']:8.3f} "
-                    f"{r['gap_max']:8.3f}  "
-                    f"{r['statuses']}",
-                    flush=True,
-                )
+                print(_line(r), flush=True)
+    print(f"load average: start {load_start}, end {os.getloadavg()}")
     if a.json:
         cfg = {"budget_s": a.budget, "reps": a.reps, "big_reps": a.big_reps}
+        cfg.update(loadavg_start=load_start, loadavg_end=os.getloadavg())
         with open(a.json, "w") as f:
             json.dump({"config": cfg, "rows": rows}, f, indent=1)
     return 0

@@ -7,12 +7,14 @@ only conversion is cpsat_model.to_units):
   D             allowed SP degrees d_j; N GPUs
   classes k     sequences with identical costs (exact model: one sequence each); c_k members
   t_kj          time of a member alone at degree d_j with its fewest recompute r_min (or
-                "does not fit"); mt_kj = t_kj less the empty micro-batch's time C_j
-  tok_k, cap0_j tokens; tokens one micro-batch holds at d_j without recompute
+                "does not fit": its largest member does not); mt_kj = the members' mean of
+                that time less the empty micro-batch's time C_j
+  tok_k, cap0_j mean tokens of a member; tokens one micro-batch holds at d_j, no recompute
   S_j           slots: the most groups of degree d_j the model may open
 Variables:
   u_js in {0,1}      slot s of degree d_j is a group
   y_kjs in [0, c_k]  members of class k in that group;   z_k in [0, c_k] members in phase 0
+  load_js, P0 >= 0   the group's busy time; phase 0's length (defined once, read by [M])
   aggregate model:   b_js >= 0 micro-batches of the group
   exact model:       x_kjsb in {0,1} sequence k in micro-batch b of group (j, s);
                      w_jsbr in {0,1} micro-batch b recomputes r layers (levels r of the batch)
@@ -30,30 +32,45 @@ Constraint groups:
                    sum_k (t_kj(r) - C_j(r)) x_kjsb + C_j(r) if w_jsbr;  load_js = sum_b bt_jsb
   [Z] phase 0:     P0 = sum_k t_k,N z_k (those run alone, one after another, on the whole
                    cluster; then every rank re-forms)
-  [M] makespan:    M >= P0 + load_js;  load_j,s >= load_j,s+1 (symmetry)
+  [M] makespan:    M >= P0 + load_js;  load_j,s >= load_j,s+1 (symmetry);
+                   sum_js d_j load_js <= N M (redundant)
 Scale: the exact model (every sequence, every micro-batch, every recompute level 0..L while
-that stays small; status "optimal" only then) for small batches; otherwise classes are identical shapes, or 16 quantiles of cost
-(FlexSP), their members dealt longest first, then packed within each group (first-fit
-decreasing) and, as a second candidate, re-listed by the greedy's LPT on the model's layout
-and degrees. Only improvements are sought: degrees at which a class's members all outlast
-the incumbent are left out, and budgets under 2 s open at most a quarter more groups of a
-degree than the incumbent has (2 of a degree it lacks), a neighbourhood search.
+that stays small; status "optimal" only then) for small batches; otherwise classes are
+identical shapes, or up to 64 classes of equal shares of the batch's work (FlexSP bucketed
+by cost; equal work gives the few long sequences classes of their own), fewer (32, 16, 8)
+when the build would not fit the time left. Members are dealt longest first to the group
+with room in the model's count and the least time so far, then packed within each group
+(first-fit decreasing) and, as a second candidate, re-listed by the greedy's LPT on the
+model's layout and degrees. Only improvements are sought: degrees at which a class's members
+all outlast the incumbent are left out, and budgets under 2 s open at most a quarter more
+groups of a degree than the incumbent has (2 of a degree it lacks), a neighbourhood search.
 Homogeneous clusters only (mixed ones get the greedy plan, status "fallback"). Clusters
 above 256 GPUs keep the greedy's block plan (solvers/greedy_blocks.py).
 
+Budget: every stage counts (instance, greedy, model, solve, extraction, finish(), LP bound;
+each stage's wall time in stats["stage_s"]). The model is built only if it fits what is
+left, CP-SAT gets what is left less a reserve for the stages after it, budgets under 2 s
+skip CP-SAT's presolve (it takes 0.1-1 s on a 2000-variable model before the hint counts),
+and the LP bound runs only while time is left.
+
 Anytime and safe: the greedy runs first; its plan is the hint and the fallback, and the best
-of it and any `incumbents` (other planners' plans) is returned unless CP-SAT finds better, so
-the result is never slower than them by construction. Solver exceptions, a timeout without
-a solution and a plan that fails validate() return that incumbent with status "fallback"
-(logged). The lower bound is the tightest of the analytic bound and the packing-aware LP
-(solvers/lp_bound.py); CP-SAT's own objective bound is a bound within the model's plan space
-only (stats["model_bound_s"]), so it is reported but not certified.
+of it and any `incumbents` (other planners' plans) is returned unless CP-SAT finds better,
+so the result is never slower than them by construction. Solver exceptions, a timeout
+without a solution and a plan that fails validate() return that incumbent with status
+"fallback" (logged: INFO when the budget ran out first, WARNING for a fault). The lower
+bound is the tightest of the analytic bound and the packing-aware LP (solvers/lp_bound.py);
+CP-SAT's own objective bound (stats["model_bound_s"]) holds within the model only (classes
+stand for their members by the mean; exact on the exact model), so it is reported but not
+certified.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -77,14 +94,37 @@ MAX_MODEL_GPUS = 256  # larger clusters keep the greedy's block plan
 LP_MAX_SEQS = 64  # HiGHS runs on batches up to this size (one solve takes ~10-40 ms at 200)
 LP_PER_SEQ_S = 5e-6  # the separable LP bound's cost (27-36 ms CPU at 8192 sequences) ...
 LP_ALWAYS_SEQS = 1024  # ... always paid up to this many sequences (a few ms)
-# The budget covers the greedy, the model build, CP-SAT and the finishing (extraction,
-# finish(), the LP bound). Kept back from it for the finishing: RESERVE_S plus
-# RESERVE_PER_SEQ_S per sequence (finish() and the separable LP bound grow with the batch:
-# ~15-60 ms at 2048 sequences on a loaded 2-core machine).
+# The budget covers every stage: instance, greedy, model build, CP-SAT, extraction,
+# finish() (validate + simulate) and the LP bound. Kept back from CP-SAT for the stages after
+# it: RESERVE_S + RESERVE_PER_SEQ_S per sequence (extraction, finish() and the separable LP
+# bound grow with the batch; measured per stage in stats["stage_s"]).
 RESERVE_S = 0.015
 RESERVE_PER_SEQ_S = 10e-6
-MIN_SOLVE_S = 0.01  # less than this left before the model build: keep the greedy plan
-FULL_MODEL_S = 2.0  # budgets from this long get every slot, not only the greedy's neighbourhood
+MIN_SOLVE_S = 0.01  # CP-SAT gets at least this long, or the greedy plan is kept
+BUILD_PER_VAR_S = 25e-6  # model build cost per member variable (y), with its rows
+BUILD_SHARE = 0.5  # the build may take at most this share of what is left for build + solve
+CLASS_STEPS = (64, 32, 16, 8)  # cost classes tried, most first, until the build fits
+FULL_MODEL_S = 2.0  # budgets from this long get every slot and CP-SAT's presolve
+
+
+class _Clock:
+    """The budget's one clock: time left, and each stage's wall time (stats["stage_s"]).
+    Deterministic mode makes no wall-clock decision: `left()` is infinite there."""
+
+    def __init__(self, started: float, limit_s: float, deterministic: bool):
+        self.started, self.limit_s, self.det = started, limit_s, deterministic
+        self.stage_s: dict[str, float] = {}
+
+    def left(self) -> float:
+        return math.inf if self.det else self.limit_s - (time.perf_counter() - self.started)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t
 
 
 def plan_cpsat(
@@ -98,57 +138,67 @@ def plan_cpsat(
     incumbents: tuple[str, ...] = (),
     **opts,
 ) -> PlanResult:
-    """Plan one step within `time_limit_s` (+ the final validation). `deterministic`: one
+    """Plan one step within `time_limit_s`, every stage included. `deterministic`: one
     worker, fixed seed, the limit counted in CP-SAT's deterministic time and no wall-clock
     decision, so every process computes the byte-identical plan. `incumbents`: names of
-    other planners whose plans compete too (the result is never slower than theirs).
-    `cpsat_params`: extra CP-SAT parameters. The garbage collector pauses meanwhile
-    (solvers/common.py gc_paused: a mid-plan collection would eat the budget)."""
-    started = time.perf_counter()
+    other planners whose plans compete too (the result is never slower than theirs; they
+    run outside the budget). `cpsat_params`: extra CP-SAT parameters. The garbage collector
+    pauses meanwhile (solvers/common.py gc_paused: a mid-plan collection would eat the
+    budget)."""
+    clock = _Clock(time.perf_counter(), time_limit_s, deterministic)
     with gc_paused():
-        return _plan(
-            batch, cost, started, time_limit_s, num_workers, seed, deterministic, incumbents, opts
-        )
+        return _plan(batch, cost, clock, num_workers, seed, incumbents, opts)
 
 
-def _plan(batch, cost, started, time_limit_s, num_workers, seed, deterministic, incumbents, opts):
-    inst = make_instance(batch, cost)
-    best, phases = _first_valid(candidates(inst, cost.cluster), inst, cost)
+def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
+    with clock.stage("instance"):
+        inst = make_instance(batch, cost)
+    with clock.stage("greedy"):
+        best, phases = _first_valid(candidates(inst, cost.cluster), inst, cost)
     stats: dict = {"greedy_finish_s": best.finish_s}
     params = {"linearization_level": 0, **opts.get("cpsat_params", {})}
     try:
-        draft, status, message = _solve(
-            cost, inst, best, started, time_limit_s, num_workers, seed, deterministic, stats, params
-        )
+        draft, status, message = _solve(cost, inst, best, clock, num_workers, seed, stats, params)
     except Exception as e:  # noqa: BLE001 (any solver failure falls back to the greedy)
         log.warning("cpsat: %s: %s; returning the greedy plan", type(e).__name__, e)
         draft, status, message = None, "fallback", f"fallback: {type(e).__name__}: {e}"
     result = None
-    if draft is not None:
-        result, message = _checked(draft, inst, batch, cost, started, status)
-        status = "fallback" if result is None else status
-    if result is None:
-        result = finish(phases, batch, cost, planner="cpsat", started=started, status=status)
-    result = _best_of(result, incumbents, batch, cost)
-    left = time_limit_s - (time.perf_counter() - started)
-    lp_s = None  # a large batch past the budget: the analytic bound only (LP: +0.1% at 8192)
-    if deterministic or len(batch) <= LP_ALWAYS_SEQS or left > LP_PER_SEQ_S * len(batch):
-        lp_s = lp_bound(
-            batch,
-            cost,
-            upper_s=result.predicted_step_time_s,
-            # HiGHS only while the budget lasts (the separable bound whenever it runs).
-            time_limit_s=0.0 if deterministic else min(0.03, left - 0.005),
-            max_lp_seqs=0 if deterministic else LP_MAX_SEQS,
-        ).value_s
-    stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s)
+    with clock.stage("finish"):
+        if draft is not None:
+            result, message = _checked(draft, inst, batch, cost, clock.started, status)
+            status = "fallback" if result is None else status
+        if result is None:
+            result = finish(
+                phases, batch, cost, planner="cpsat", started=clock.started, status=status
+            )
+    if incumbents:
+        with clock.stage("incumbents"):
+            result = _best_of(result, incumbents, batch, cost)
+    with clock.stage("lp_bound"):
+        lp_s = _lp(batch, cost, result.predicted_step_time_s, clock)
+    stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s, stage_s=clock.stage_s)
     return replace(
         result,
         lower_bound_s=max(result.lower_bound_s, lp_s or 0.0),
         message=result.message or message,
         stats={**result.stats, **stats},
-        wall_time_s=time.perf_counter() - started,
+        wall_time_s=time.perf_counter() - clock.started,
     )
+
+
+def _lp(batch, cost, upper_s: float, clock: _Clock) -> float | None:
+    """The packing-aware LP bound while the budget lasts (the separable part costs ~5 us a
+    sequence, HiGHS up to 30 ms on batches of <= LP_MAX_SEQS); None: analytic bound only."""
+    left = clock.left()
+    if not (clock.det or len(batch) <= LP_ALWAYS_SEQS or left > LP_PER_SEQ_S * len(batch)):
+        return None
+    return lp_bound(
+        batch,
+        cost,
+        upper_s=upper_s,
+        time_limit_s=0.0 if clock.det else min(0.03, left - 0.005),
+        max_lp_seqs=0 if clock.det else LP_MAX_SEQS,
+    ).value_s
 
 
 def _first_valid(drafts: list[Draft], inst: Instance, cost: CostModel):
@@ -159,7 +209,30 @@ def _first_valid(drafts: list[Draft], inst: Instance, cost: CostModel):
     raise AssertionError("the safe draft always fits")  # pragma: no cover
 
 
-def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
+def _model(cost, inst, best, clock: _Clock, reserve: float, stats: dict):
+    """(data, model, vars) that fit the time left, or None. Fewer cost classes while the
+    estimated build would take more than BUILD_SHARE of what is left for build + solve."""
+    c = cost.cluster
+    exact = len(inst.ids) <= EXACT_MAX_SEQS and c.num_gpus <= EXACT_MAX_GPUS
+    near: dict | None = None  # short budgets search near the greedy's layout only
+    if clock.limit_s < FULL_MODEL_S:
+        near = {}
+        for _, j, _ in best.groups:
+            near[j] = near.get(j, 0) + 1
+    for k in CLASS_STEPS:
+        data = cm.make_data(inst, cost, best.finish_s, exact, max_classes=k, near=near)
+        room = clock.left() - reserve - MIN_SOLVE_S
+        if exact or BUILD_PER_VAR_S * len(data.classes) * sum(data.slots) <= BUILD_SHARE * room:
+            break
+    else:
+        return None
+    model, v = cm.build(data, 8 * cm.RESOLUTION)
+    stats["hinted"] = cx.add_hint(model, data, v, best)
+    stats.update(exact_model=exact, classes=len(data.classes), model_vars=len(v.y))
+    return data, model, v
+
+
+def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
     """CP-SAT from the greedy's incumbent: (better Draft or None, status, message)."""
     c = cost.cluster
     if not c.homogeneous:
@@ -167,49 +240,64 @@ def _solve(cost, inst, best, started, limit, workers, seed, det, stats, params):
     if c.num_gpus > MAX_MODEL_GPUS:
         return None, "feasible", "greedy block plan (cluster too large for the model)"
     reserve = RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)
-    if not det and limit - (time.perf_counter() - started) - reserve < MIN_SOLVE_S:
-        return None, "feasible", "no time left for CP-SAT; greedy plan"
-    exact = len(inst.ids) <= EXACT_MAX_SEQS and c.num_gpus <= EXACT_MAX_GPUS
-    near: dict | None = None  # short budgets search near the greedy's layout only
-    if limit < FULL_MODEL_S:
-        near = {}
-        for _, j, _ in best.groups:
-            near[j] = near.get(j, 0) + 1
-    data = cm.make_data(inst, cost, best.finish_s, exact, near=near)
-    model, v = cm.build(data, 8 * cm.RESOLUTION)
-    stats["hinted"] = cx.add_hint(model, data, v, best)
+    no_time = None, "feasible", "no time left for CP-SAT; greedy plan"
+    if clock.left() - reserve < MIN_SOLVE_S:
+        return no_time
+    with clock.stage("model"):
+        built = _model(cost, inst, best, clock, reserve, stats)
+    if built is None:
+        return no_time
+    data, model, v = built
     solver = cm.cp_model.CpSolver()
     p = solver.parameters
-    p.num_workers = 1 if det else max(1, workers)
+    p.num_workers = 1 if clock.det else max(1, workers)
     p.random_seed = seed
+    # Presolve (probing above all) takes 0.1-1 s on a 2000-variable model before the hint
+    # counts as a solution: short budgets skip it and search from the hint at once.
+    p.cp_model_presolve = clock.limit_s >= FULL_MODEL_S
     for key, value in params.items():
         setattr(p, key, value)
-    # max_time_in_seconds counts from solve(): what is left after the greedy and the build.
-    left = limit - (time.perf_counter() - started) - reserve
-    if det:
-        p.max_deterministic_time = max(limit, 0.01)
-    elif left < 0.005:
-        return None, "feasible", "no time left for CP-SAT; greedy plan"
+    left = clock.left() - reserve
+    if clock.det:
+        p.max_deterministic_time = max(clock.limit_s, 0.01)
+    elif left < MIN_SOLVE_S:
+        return no_time
     else:
         p.max_time_in_seconds = left
-    status = solver.solve(model)
+    with clock.stage("solve"):
+        status = solver.solve(model)
     name = solver.status_name(status)
-    solved = name in ("OPTIMAL", "FEASIBLE")
-    stats.update(cpsat_status=name, exact_model=exact, classes=len(data.classes))
-    if solved:
-        stats.update(
-            model_bound_s=solver.best_objective_bound * data.unit + inst.sync,
-            cpsat_wall_s=solver.wall_time,
-        )
-    else:
-        log.warning("cpsat: no solution (%s); returning the greedy plan", name)
-        return None, "fallback", f"fallback: CP-SAT returned {name} without a solution"
-    got = cx.extract(solver, data, v, place, c)
+    stats.update(cpsat_status=name)
+    if name not in ("OPTIMAL", "FEASIBLE"):
+        return _no_solution(name)
+    stats.update(
+        model_bound_s=solver.best_objective_bound * data.unit + inst.sync,
+        cpsat_wall_s=solver.wall_time,
+    )
+    with clock.stage("extract"):
+        return _pick(solver, data, v, inst, cost, best, clock, name)
+
+
+def _no_solution(name: str):
+    """UNKNOWN is the budget running out before CP-SAT had a solution: expected, INFO.
+    INFEASIBLE or MODEL_INVALID mean the model is wrong (the hint is a solution): WARNING."""
+    level = logging.INFO if name == "UNKNOWN" else logging.WARNING
+    log.log(level, "cpsat: no solution (%s); returning the greedy plan", name)
+    return None, "fallback", f"fallback: CP-SAT returned {name} without a solution"
+
+
+def _pick(solver, data, v, inst, cost, best: Draft, clock: _Clock, name: str):
+    """The model's own assignment, and (time permitting) its layout re-listed by the LPT."""
+    got = cx.extract(solver, data, v, place, cost.cluster)
     if got is None:
         log.warning("cpsat: layout could not be placed; returning the greedy plan")
         return None, "fallback", "fallback: CP-SAT layout could not be placed"
     placed, pref, own = got
-    options = [own, _relist(inst, c, placed, pref, own, solver.value(v.m) * data.unit)]
+    options = [own]
+    if clock.left() > RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids) / 2:
+        options.append(
+            _relist(inst, cost.cluster, placed, pref, own, solver.value(v.m) * data.unit)
+        )
     for d in options:
         if d is not None:
             d.finish_s = cx.draft_finish(d, inst, cost)

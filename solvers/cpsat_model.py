@@ -28,8 +28,8 @@ class Data:
     classes: list[np.ndarray]  # member row indices of each class
     count: np.ndarray  # (K,)
     t: np.ndarray  # (K, D) time alone (units, rounded up); -1 = does not fit
-    mt: np.ndarray  # (K, D) time less the r=0 micro-batch constant (units); -1 = no fit
-    tok: np.ndarray  # (K,) tokens (largest member)
+    mt: np.ndarray  # (K, D) members' mean time less the r=0 constant (units); -1 = no fit
+    tok: np.ndarray  # (K,) tokens (members' mean, rounded up)
     pack: np.ndarray  # (K, D) bool: fits a shared micro-batch without recompute
     const: np.ndarray  # (D,) units
     cap0: np.ndarray  # (D,) integer tokens per micro-batch without recompute
@@ -55,10 +55,14 @@ def make_classes(inst: Instance, max_classes: int) -> list[np.ndarray]:
     _, inv = np.unique(np.round(shape, 9), axis=0, return_inverse=True)
     inv = inv.ravel()
     if inv.max() + 1 > max_classes:
+        # Equal shares of the batch's work per class (not equal counts): the few long
+        # sequences that decide the makespan get classes of their own, the many short
+        # ones share (their mean then stands for them well).
         w = np.min(inst.time * inst.degrees[None, :], axis=1)
         order = np.argsort(w, kind="stable")
+        share = np.cumsum(w[order]) - 0.5 * w[order]
         inv = np.empty(len(w), dtype=int)
-        inv[order] = np.arange(len(w)) * max_classes // len(w)
+        inv[order] = np.minimum((share * max_classes / share[-1]).astype(int), max_classes - 1)
     return [np.flatnonzero(inv == k) for k in range(inv.max() + 1) if (inv == k).any()]
 
 
@@ -71,13 +75,17 @@ def make_data(
     near: dict | None = None,
 ):
     """`near`: degree index -> groups of the incumbent; other degrees get at most 2 slots
-    and each degree at most a quarter more than the incumbent's (a neighbourhood search)."""
+    and each degree at most a quarter more than the incumbent's (a neighbourhood search), and
+    never fewer than the incumbent has (so the incumbent stays a complete hint)."""
     unit = max(horizon_s, 1e-9) / RESOLUTION
     classes = (
         [np.array([i]) for i in range(len(inst.ids))] if exact else make_classes(inst, max_classes)
     )
+    # A class stands for its members by their mean (the class's total is then exact for any
+    # split of its members); feasibility by its largest member. The extraction re-times
+    # every candidate exactly (cpsat_extract.draft_finish), so the mean only steers.
     t_s = np.array([inst.time[c].max(axis=0) for c in classes])
-    mt_s = np.array([(inst.time[c] - inst.const[None, :]).max(axis=0) for c in classes])
+    mt_s = np.array([np.mean(inst.time[c] - inst.const[None, :], axis=0) for c in classes])
     # Only improvements are sought: a degree at which a member alone outlasts the incumbent
     # is left out (each class keeps its fastest degree, so the model stays feasible).
     t_min = np.array([inst.time[c].min(axis=0) for c in classes])
@@ -86,21 +94,22 @@ def make_data(
     t = np.where(ok, to_units(np.where(ok, t_s, 0), unit), -1)
     mt = np.where(ok, to_units(np.where(ok, np.maximum(mt_s, 0), 0), unit), -1)
     pack = np.array([(inst.r_min[c] == 0).all(axis=0) for c in classes])
-    n_fit = [
-        int(sum(len(c) for c, o in zip(classes, ok[:, j], strict=True) if o))
-        for j in range(len(inst.degrees))
-    ]
+    count = np.array([len(c) for c in classes])
+    n_fit = (count[:, None] * ok).sum(axis=0).tolist()
     slots = [min(inst.num_gpus // int(d), n_fit[j], SLOT_CAP) for j, d in enumerate(inst.degrees)]
     if near is not None and not exact:
-        slots = [min(s, near.get(j, 0) + max(2, near.get(j, 0) // 4)) for j, s in enumerate(slots)]
+        slots = [
+            max(min(s, near.get(j, 0) + max(2, near.get(j, 0) // 4)), near.get(j, 0))
+            for j, s in enumerate(slots)
+        ]
     wide = len(inst.degrees) - 1 if int(inst.degrees[-1]) == inst.num_gpus else -1
     data = Data(
         inst=inst,
         classes=classes,
-        count=np.array([len(c) for c in classes]),
+        count=count,
         t=t,
         mt=mt,
-        tok=np.array([int(inst.tokens[c].max()) for c in classes]),
+        tok=np.array([int(np.ceil(inst.tokens[c].mean())) for c in classes]),
         pack=pack,
         const=to_units(inst.const, unit),
         cap0=np.floor(inst.cap0).astype(np.int64),
@@ -155,6 +164,7 @@ class Vars:
     ub: dict = field(default_factory=dict)  # exact: (j, s, b) -> micro-batch used
     x: dict = field(default_factory=dict)  # exact: (k, j, s, b) -> class k in micro-batch b
     w: dict = field(default_factory=dict)  # exact: (j, s, b, r) -> micro-batch b recomputes r
+    p0: object = None  # phase 0's length (units)
     m: object = None  # the makespan (units)
 
 
@@ -173,47 +183,61 @@ def add_layout(model: cp_model.CpModel, data: Data, v: Vars) -> None:
 def add_assignment(model: cp_model.CpModel, data: Data, v: Vars) -> None:
     """[A] Every sequence exactly once: class k's members split over used groups where they
     fit in memory (t >= 0) and phase 0; none in an unused group."""
+    slots = list(v.u.items())
     for k, c in enumerate(data.count.tolist()):
+        fits = data.t[k] >= 0
         parts = []
-        for (j, s), u in v.u.items():
-            if data.t[k, j] < 0:
+        for (j, s), u in slots:
+            if not fits[j]:
                 continue
-            y = (
-                model.new_bool_var(f"y{k}_{j}_{s}")
-                if c == 1
-                else model.new_int_var(0, c, f"y{k}_{j}_{s}")
-            )
-            model.add(y <= c * u)
+            y = model.new_bool_var("") if c == 1 else model.new_int_var(0, c, "")
+            if c == 1:
+                model.add_implication(y, u)
+            else:
+                model.add_linear_constraint(
+                    cp_model.LinearExpr.weighted_sum([y, u], [1, -c]), -c, 0
+                )
             v.y[k, j, s] = y
             v.by_slot.setdefault((j, s), []).append((k, y))
             parts.append(y)
-        if data.wide >= 0 and data.t[k, data.wide] >= 0:
+        if data.wide >= 0 and fits[data.wide]:
             v.z[k] = model.new_int_var(0, c, f"z{k}")
             parts.append(v.z[k])
-        model.add(sum(parts) == c)
+        model.add_linear_constraint(cp_model.LinearExpr.sum(parts), c, c)
 
 
-def add_packing_aggregate(model: cp_model.CpModel, data: Data, v: Vars) -> None:
+def _set_load(model: cp_model.CpModel, v: Vars, key, terms: list, coeffs: list, top: int):
+    """load_js as its own variable (defined once, read by [M] and the symmetry rows)."""
+    load = v.load[key] = model.new_int_var(0, top, f"load{key[0]}_{key[1]}")
+    model.add_linear_constraint(
+        cp_model.LinearExpr.weighted_sum([*terms, load], [*coeffs, -1]), 0, 0
+    )
+
+
+def add_packing_aggregate(model: cp_model.CpModel, data: Data, v: Vars, top: int) -> None:
     """[P] Micro-batches of a group (bucketed model): at least one if used; members that fit
     without recompute share micro-batches of at most cap0 tokens, the others run alone.
     load = sum members * (t - c) + micro-batches * c."""
+    tok, pack, mt = data.tok.tolist(), data.pack.tolist(), data.mt.tolist()
+    count, const, cap0 = data.count.tolist(), data.const.tolist(), data.cap0.tolist()
     for (j, s), u in v.u.items():
         ys = v.by_slot.get((j, s), [])
-        nb = v.nb[j, s] = model.new_int_var(
-            0, int(sum(data.count[k] for k, _ in ys)) or 1, f"b{j}_{s}"
+        nb = v.nb[j, s] = model.new_int_var(0, sum(count[k] for k, _ in ys) or 1, f"b{j}_{s}")
+        model.add_linear_constraint(cp_model.LinearExpr.weighted_sum([nb, u], [1, -1]), 0, 2**40)
+        ks = [k for k, _ in ys]
+        yv = [y for _, y in ys]
+        cap = int(cap0[j])
+        # cap * nb >= sum_shared tok * y + cap * sum_alone y
+        w = [(tok[k] if pack[k][j] else cap) if cap > 0 else 1 for k in ks]
+        model.add_linear_constraint(
+            cp_model.LinearExpr.weighted_sum([*yv, nb], [*w, -(cap if cap > 0 else 1)]),
+            -(2**62),
+            0,
         )
-        model.add(nb >= u)
-        shared = [int(data.tok[k]) * y for k, y in ys if data.pack[k, j]]
-        alone = [y for k, y in ys if not data.pack[k, j]]
-        cap = int(data.cap0[j])
-        if cap > 0:
-            model.add(cap * nb >= sum(shared) + cap * sum(alone))
-        else:
-            model.add(nb >= sum(y for _, y in ys))
-        v.load[j, s] = sum(int(data.mt[k, j]) * y for k, y in ys) + int(data.const[j]) * nb
+        _set_load(model, v, (j, s), [*yv, nb], [*(mt[k][j] for k in ks), const[j]], top)
 
 
-def add_bins_exact(model: cp_model.CpModel, data: Data, v: Vars) -> None:
+def add_bins_exact(model: cp_model.CpModel, data: Data, v: Vars, top: int) -> None:
     """[B] Micro-batches of a group (exact model): each sequence of the group in one of its
     micro-batches; a used micro-batch picks one recompute level r; its tokens fit at r; its
     time is sum of members' (t(r) - c(r)) + c(r); used micro-batches come first."""
@@ -247,30 +271,49 @@ def add_bins_exact(model: cp_model.CpModel, data: Data, v: Vars) -> None:
             times.append(bt)
         for k, y in ys:
             model.add(sum(v.x[k, j, s, b] for b in range(len(ys)) if (k, j, s, b) in v.x) == y)
-        v.load[j, s] = sum(times)
+        _set_load(model, v, (j, s), times, [1] * len(times), top)
 
 
-def add_phase0(data: Data, v: Vars):
+def add_phase0(model: cp_model.CpModel, data: Data, v: Vars, top: int):
     """[Z] Phase 0: members of a class in phase 0 run one after another, alone, on the group
     of the whole cluster; every group of phase 1 starts after it."""
-    return sum(int(data.t[k, data.wide]) * z for k, z in v.z.items())
+    v.p0 = model.new_int_var(0, top, "p0")
+    ks = list(v.z)
+    model.add_linear_constraint(
+        cp_model.LinearExpr.weighted_sum(
+            [*(v.z[k] for k in ks), v.p0], [*(int(data.t[k, data.wide]) for k in ks), -1]
+        ),
+        0,
+        0,
+    )
 
 
-def add_makespan(model: cp_model.CpModel, data: Data, v: Vars, p0, horizon: int) -> None:
+def add_makespan(model: cp_model.CpModel, data: Data, v: Vars, horizon: int) -> None:
     """[M] makespan >= phase 0 + the load of every group; groups of one degree in
     non-increasing load (they are interchangeable); minimise the makespan."""
     v.m = model.new_int_var(0, horizon, "makespan")
-    deg = data.inst.degrees
+    deg = data.inst.degrees.tolist()
+    keys = list(v.load)
     # Redundant (implied by the rows below): the groups' GPU-time fits in N * makespan.
-    model.add(
-        sum(int(deg[j]) * load for (j, _), load in v.load.items()) <= data.inst.num_gpus * v.m
+    model.add_linear_constraint(
+        cp_model.LinearExpr.weighted_sum(
+            [*(v.load[key] for key in keys), v.m], [*(deg[j] for j, _ in keys), -data.inst.num_gpus]
+        ),
+        -(2**62),
+        0,
     )
     for (j, s), load in v.load.items():
-        model.add(v.m >= p0 + load)
+        model.add_linear_constraint(
+            cp_model.LinearExpr.weighted_sum([v.m, v.p0, load], [1, -1, -1]), 0, 2**62
+        )
         if s:
-            model.add(v.load[j, s - 1] >= load)
+            model.add_linear_constraint(
+                cp_model.LinearExpr.weighted_sum([v.load[j, s - 1], load], [1, -1]), 0, 2**62
+            )
     if not v.load:
-        model.add(v.m >= p0)
+        model.add_linear_constraint(
+            cp_model.LinearExpr.weighted_sum([v.m, v.p0], [1, -1]), 0, 2**62
+        )
     model.minimize(v.m)
 
 
@@ -278,6 +321,7 @@ def build(data: Data, horizon: int) -> tuple[cp_model.CpModel, Vars]:
     model, v = cp_model.CpModel(), Vars()
     add_layout(model, data, v)
     add_assignment(model, data, v)
-    (add_bins_exact if data.exact else add_packing_aggregate)(model, data, v)
-    add_makespan(model, data, v, add_phase0(data, v), horizon)
+    (add_bins_exact if data.exact else add_packing_aggregate)(model, data, v, horizon)
+    add_phase0(model, data, v, horizon)
+    add_makespan(model, data, v, horizon)
     return model, v

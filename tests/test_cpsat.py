@@ -129,11 +129,14 @@ def _setup():
     return batch, cost, plan_greedy(batch, cost)
 
 
-def _assert_fallback(res, greedy, caplog, why: str):
+def _assert_fallback(res, greedy, caplog, why: str, level: int = logging.WARNING):
+    """A fallback returns the greedy plan and leaves one log record at `level`: WARNING for a
+    fault (exception, invalid or infeasible model), INFO for the budget running out."""
     assert res.status == "fallback"
     assert why in res.message
     assert res.plan.content_hash() == greedy.plan.content_hash()
-    assert any(r.levelno == logging.WARNING and "greedy" in r.message for r in caplog.records)
+    logged = [r for r in caplog.records if r.name.endswith("cpsat") and "greedy" in r.message]
+    assert [r.levelno for r in logged] == [level]
 
 
 def test_solver_exception_falls_back(monkeypatch, caplog):
@@ -143,17 +146,29 @@ def test_solver_exception_falls_back(monkeypatch, caplog):
         raise RuntimeError("injected")
 
     monkeypatch.setattr(cm.cp_model.CpSolver, "solve", boom)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
     _assert_fallback(res, greedy, caplog, "RuntimeError: injected")
 
 
 def test_timeout_without_solution_falls_back(monkeypatch, caplog):
+    # The budget running out before a solution is expected online: logged at INFO only.
     batch, cost, greedy = _setup()
     monkeypatch.setattr(cm.cp_model.CpSolver, "solve", lambda self, m, *a, **k: cm.cp_model.UNKNOWN)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
-    _assert_fallback(res, greedy, caplog, "UNKNOWN without a solution")
+    _assert_fallback(res, greedy, caplog, "UNKNOWN without a solution", logging.INFO)
+
+
+def test_infeasible_model_falls_back_with_a_warning(monkeypatch, caplog):
+    # The greedy hint is a solution, so INFEASIBLE means a wrong model: a fault, WARNING.
+    batch, cost, greedy = _setup()
+    monkeypatch.setattr(
+        cm.cp_model.CpSolver, "solve", lambda self, m, *a, **k: cm.cp_model.INFEASIBLE
+    )
+    with caplog.at_level(logging.INFO):
+        res = plan_cpsat(batch, cost, time_limit_s=1.0)
+    _assert_fallback(res, greedy, caplog, "INFEASIBLE without a solution")
 
 
 def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
@@ -171,7 +186,7 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
 
     monkeypatch.setattr(cx, "extract", bad_extract)
     monkeypatch.setattr(cx, "draft_finish", lambda d, inst, cost: 0.0)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
     _assert_fallback(res, greedy, caplog, "failed validate()")
     assert validate(res.plan, batch, cost) == []
@@ -180,7 +195,7 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
 def test_unplaceable_layout_falls_back(monkeypatch, caplog):
     batch, cost, greedy = _setup()
     monkeypatch.setattr(cx, "extract", lambda *a, **k: None)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         res = plan_cpsat(batch, cost, time_limit_s=1.0)
     _assert_fallback(res, greedy, caplog, "could not be placed")
 
