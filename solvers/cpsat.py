@@ -74,6 +74,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
+from scipy.optimize import linprog  # noqa: F401 (HiGHS loads with the planner: ~1.5 s once, never inside a budget)
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
