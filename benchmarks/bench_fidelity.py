@@ -3,14 +3,18 @@
     python benchmarks/bench_fidelity.py [--world 2] [--batches 4] [--json]
 
 1. Profile the runtime's TinyLM block on this CPU (dcp_opt.runtime.profiler; points cached),
-   measure the gloo all-to-all and the gradient all-reduce of the world.
+   measure the gloo all-to-all and the gradient all-reduce of the world, then calibrate the
+   profile with a short real run of the executor on synthetic micro-batches
+   (runtime.profiler.calibrate_runtime; `--no-calibrate` skips it).
 2. For seeded variable-length batches and several planners, plan with the fitted CostModel
    and predict each plan's step time with simulate().
 3. Execute every plan with the runtime's executor (world 2 or 4, gloo, one thread per rank):
    `--warmup` untimed steps, then the median of `--steps` measured steps.
 4. Report |predicted - measured| / measured per plan, before recalibration, and after: plans
    run in order and plan i is predicted with the Recalibrator fed the measured micro-batch
-   times of plans 0..i-1 only (the next plan is never seen before it is predicted).
+   times of plans 0..i-1 only (the next plan is never seen before it is predicted). The
+   prediction of the isolated block profile alone (no runtime calibration, raw all-to-all
+   and all-reduce microbenchmarks) is reported beside it as `isolated`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--profile", default="benchmarks/results/fidelity.profile.json")
     p.add_argument("--reprofile", action="store_true", help="profile again even if it exists")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="predict with the isolated block profile only (no runtime calibration)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", default=None, help="also write the JSON report here")
     return p.parse_args(argv)
@@ -85,26 +95,29 @@ def get_profile(args, log):
     return prof, time.perf_counter() - t0
 
 
-def make_cost(prof, world: int, a2a, grad_sync_s: float) -> CostModel:
+def make_cost(prof, world: int, a2a, grad_sync_s: float, *, calibrated: bool = True):
     """The world as a Cluster: one node of `world` CPU ranks, the measured all-to-all link,
     and the gradient all-reduce calibrated to its measured time (bytes per parameter such
-    that the ring formula of CostModel.grad_sync_time gives the measurement)."""
+    that the ring formula of CostModel.grad_sync_time gives the measurement).
+
+    With `calibrated` and a profile that has a runtime calibration (Profile.runtime), its
+    coefficients, in-situ all-to-all and in-situ gradient sum replace the isolated ones
+    (as profile_io.cost_model_from_profile does)."""
+    cal = prof.runtime if calibrated else None
+    bw, lat = a2a.bandwidth_bytes_per_s, a2a.latency_s / (a2a.group_size - 1)
+    if cal is not None and cal.a2a_bandwidth_bytes_per_s:
+        bw, lat = cal.a2a_bandwidth_bytes_per_s, cal.a2a_latency_s or 0.0
     cluster = Cluster(
-        f"cpu-gloo-{world}",
-        1,
-        world,
-        64 * GB,
-        1e12,
-        a2a.bandwidth_bytes_per_s,
-        a2a.bandwidth_bytes_per_s,
-        intra_node_latency_s=a2a.latency_s / (a2a.group_size - 1),
+        f"cpu-gloo-{world}", 1, world, 64 * GB, 1e12, bw, bw, intra_node_latency_s=lat
     )
     params = prof.model.total_params
     per_param = grad_sync_s * cluster.intra_node_bw / (2 * (world - 1) / world * params)
+    if cal is not None:
+        per_param = cal.grad_reduce_bytes_per_param(prof.model, cluster)
     return CostModel(
         prof.model,
         cluster,
-        prof.coefficients,
+        prof.coefficients if cal is None else cal.apply(prof.coefficients),
         optimizer_sharding="none",
         usable_memory_fraction=1.0,
         grad_reduce_bytes_per_param=per_param,
@@ -170,26 +183,53 @@ def run(args, log) -> dict:
         nparams = workers.run(F.setup_lm, lm_cfg(args), args.attention, args.seed)[0]
         a2a = workers.run(F.measure_a2a)[0]
         sync = workers.run(F.measure_grad_sync, nparams)[0]
-        cost = make_cost(prof, args.world, a2a, sync)
         log(
             f"a2a {a2a.bandwidth_bytes_per_s / 1e6:.0f} MB/s + {a2a.latency_s * 1e3:.2f} ms; "
             f"grad all-reduce {sync * 1e3:.1f} ms"
         )
+        if args.calibrate:
+            prof = calibrate(args, prof, workers, F, log)
+        cost = make_cost(prof, args.world, a2a, sync)
+        iso = make_cost(prof, args.world, a2a, sync, calibrated=False)
         planners = [p for p in args.planners.split(",") if p in available_planners()]
         rcs, rows = {c: Recalibrator() for c in CLOCKS}, []
         for b in range(args.batches):
             batch = make_batch(args.seed * 1000 + b, args.tokens)
             for name in planners:
-                rows.append(run_one(args, workers, F, cost, rcs, batch, name, b))
+                rows.append(run_one(args, workers, F, (cost, iso), rcs, batch, name, b))
                 log(_row_line(rows[-1]))
     finally:
         workers.close()
     return summarize(args, rows, prof, a2a, sync, rcs)
 
 
-def run_one(args, workers, F, cost, rcs, batch, name, b) -> dict:
+def calibrate(args, prof, workers, F, log):
+    """The profile with a runtime calibration measured now, in these workers (saved)."""
+    from dcp_opt.runtime.profiler import calibrate_runtime
+
+    t0 = time.perf_counter()
+    prof = calibrate_runtime(prof, F.worker_run_plan(workers), world=args.world)
+    save_profile(prof, args.profile, force=True)
+    c = prof.runtime
+    a2a = (
+        f"in-situ a2a {c.a2a_bandwidth_bytes_per_s / 1e6:.0f} MB/s + "
+        f"{c.a2a_latency_s * 1e3:.2f} ms/peer; "
+        if c.a2a_bandwidth_bytes_per_s
+        else ""
+    )
+    log(
+        f"runtime calibration ({time.perf_counter() - t0:.0f} s): compute x{c.compute_factor:.3f}"
+        f" + {c.microbatch_overhead_s * 1e3:.1f} ms per micro-batch; {a2a}"
+        f"per step {c.grad_sync_s * 1e3:.1f} ms"
+    )
+    return prof
+
+
+def run_one(args, workers, F, costs, rcs, batch, name, b) -> dict:
+    cost, iso = costs
     plan = run_planner(name, batch, cost).plan
     before = simulate(plan, batch, cost).step_time_s
+    isolated = simulate(plan, batch, iso).step_time_s
     runs = workers.run(F.run_plan, plan.to_json(), batch.to_dict(), args.steps, args.warmup)
     row = {
         "batch": b,
@@ -199,6 +239,8 @@ def run_one(args, workers, F, cost, rcs, batch, name, b) -> dict:
         "num_micro_batches": plan.num_micro_batches,
         "degrees": sorted({g.degree for ph in plan.phases for g in ph.groups if g.micro_batches}),
         "predicted_s": before,
+        "predicted_isolated_s": isolated,
+        "check_s": statistics.median(c for r in runs for c in r["check_s"]),
     }
     for clock, steps in measured_steps(runs, args.steps).items():
         # predicted with what the recalibrator learnt from the previous plans only
@@ -212,6 +254,7 @@ def run_one(args, workers, F, cost, rcs, batch, name, b) -> dict:
             "predicted_recalibrated_s": after,
             "err_before": abs(before - measured) / measured,
             "err_after": abs(after - measured) / measured,
+            "err_isolated": abs(isolated - measured) / measured,
         }
     return row
 
@@ -219,7 +262,7 @@ def run_one(args, workers, F, cost, rcs, batch, name, b) -> dict:
 def _row_line(r: dict) -> str:
     parts = [
         f"batch {r['batch']} {r['planner']:<10} mbs {r['num_micro_batches']:>2} "
-        f"pred {r['predicted_s']:.3f} s"
+        f"pred {r['predicted_s']:.3f} s (isolated {r['predicted_isolated_s']:.3f})"
     ]
     for c in CLOCKS:
         m = r[c]
@@ -237,6 +280,10 @@ def _medians(rows, clock: str) -> dict:
     return {
         "median_err_before": med(r[clock]["err_before"] for r in rows),
         "median_err_after": med(r[clock]["err_after"] for r in rows),
+        "median_err_isolated": med(r[clock]["err_isolated"] for r in rows),
+        "median_signed_err_before": med(
+            (r["predicted_s"] - r[clock]["measured_s"]) / r[clock]["measured_s"] for r in rows
+        ),
         "median_err_before_later_batches": med(r[clock]["err_before"] for r in later)
         if later
         else None,
@@ -263,6 +310,10 @@ def summarize(args, rows, prof, a2a, sync, rcs) -> dict:
         "fit_median_rel_err_test": fit,
         "a2a": {"bandwidth_bytes_per_s": a2a.bandwidth_bytes_per_s, "latency_s": a2a.latency_s},
         "grad_sync_s": sync,
+        "runtime_calibration": None
+        if prof.runtime is None
+        else {k: v for k, v in prof.runtime.to_dict().items() if k != "samples"},
+        "threads_per_rank": 1,
         **{c: _medians(rows, c) for c in CLOCKS},
         "recalibration_drift": {c: {str(k): v for k, v in rcs[c].drift().items()} for c in CLOCKS},
         "plans": rows,
@@ -287,6 +338,7 @@ def main(argv=None) -> int:
             line = (
                 f"{c}: median |pred - meas| / meas over {len(report['plans'])} plans: before "
                 f"{m['median_err_before']:.1%}, after recalibration {m['median_err_after']:.1%}"
+                f" (isolated profile only: {m['median_err_isolated']:.1%})"
             )
             if m["median_err_before_later_batches"] is not None:
                 line += (

@@ -18,7 +18,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,65 @@ class A2AMeasurement:
 
 
 @dataclass(frozen=True)
+class RuntimeCalibration:
+    """What a short real run of the runtime measured on top of the isolated block profile.
+
+    Synthetic micro-batches (not a workload's) run through the runtime's executor with all
+    `world` ranks busy, as in training. Fitted in the cost model's own form:
+
+    - degree 1: measured = compute_factor * predicted + microbatch_overhead_s, where
+      `predicted` is the isolated profile's micro-batch time (blocks x depth + head +
+      constant). `compute_factor` holds what one block alone on an idle device does not see:
+      the other ranks' load on shared caches / memory bandwidth / host, and a deep stack's
+      activations leaving the cache; `microbatch_overhead_s` the framework's per-micro-batch
+      work outside blocks and head (packing, sharding, loss weighting, hooks).
+    - degree d > 1: the rest, measured - (calibrated compute), is the all-to-all as the runtime
+      pays it (transfer, waiting for the slowest member, padding, copies), fitted as the cost
+      model charges it: per layer, bytes / bandwidth + calls * latency * (d - 1).
+    - per step: `grad_sync_s`, the executor's gradient sum (buckets, copies, all-reduce) plus
+      the step's time outside micro-batches, at this world size.
+    """
+
+    world: int
+    compute_factor: float
+    microbatch_overhead_s: float
+    a2a_bandwidth_bytes_per_s: float | None
+    a2a_latency_s: float | None
+    grad_sync_s: float
+    fit: dict[str, Any] = field(default_factory=dict)
+    samples: tuple[dict, ...] = ()
+    date: str = ""
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "samples": list(self.samples)}
+
+    def apply(self, coeffs: CostCoefficients) -> CostCoefficients:
+        """`coeffs` (the isolated profile's) with the in-situ factor and overhead applied."""
+        k = self.compute_factor
+
+        def scale(t: TermCoeffs) -> TermCoeffs:
+            return TermCoeffs(*(k * getattr(t, f) for f in _TERM_FIELDS))
+
+        return replace(
+            coeffs,
+            blocks={n: BlockCoeffs(scale(b.fwd), scale(b.bwd)) for n, b in coeffs.blocks.items()},
+            head_fwd_per_token_s=k * coeffs.head_fwd_per_token_s,
+            head_bwd_per_token_s=k * coeffs.head_bwd_per_token_s,
+            microbatch_overhead_s=k * coeffs.microbatch_overhead_s + self.microbatch_overhead_s,
+            source=f"{coeffs.source}+runtime[{self.world}]",
+        )
+
+    def grad_reduce_bytes_per_param(self, model: ModelSpec, cluster: Cluster) -> float:
+        """Bytes per parameter that make CostModel.grad_sync_time() (a ring all-reduce,
+        2 (N-1)/N * bytes / bandwidth) equal the measured in-situ gradient sum."""
+        n = cluster.num_gpus
+        bw = cluster.inter_node_bw if cluster.num_nodes > 1 else cluster.intra_node_bw
+        if n < 2:
+            return 0.0
+        return self.grad_sync_s * bw / (2 * (n - 1) / n * model.total_params)
+
+
+@dataclass(frozen=True)
 class Profile:
     coefficients: CostCoefficients
     model: ModelSpec
@@ -72,6 +131,7 @@ class Profile:
     fit: dict[str, Any] = field(default_factory=dict)
     a2a: tuple[A2AMeasurement, ...] = ()
     method: dict[str, Any] = field(default_factory=dict)
+    runtime: RuntimeCalibration | None = None
     schema_version: int = PROFILE_SCHEMA_VERSION
 
     @property
@@ -90,6 +150,7 @@ class Profile:
             "fit": self.fit,
             "a2a": [asdict(a) for a in self.a2a],
             "method": self.method,
+            **({} if self.runtime is None else {"runtime": self.runtime.to_dict()}),
         }
 
 
@@ -165,6 +226,7 @@ def profile_from_dict(d: Any) -> Profile:
         fit=d.get("fit", {}) if isinstance(d.get("fit", {}), dict) else {},
         a2a=_parse_a2a(d.get("a2a", [])),
         method=d.get("method", {}) if isinstance(d.get("method", {}), dict) else {},
+        runtime=_parse_runtime(d["runtime"]) if "runtime" in d else None,
     )
 
 
@@ -189,22 +251,38 @@ def cost_model_from_profile(
     cluster: Cluster,
     *,
     use_measured_a2a: bool = False,
+    use_runtime_calibration: bool = True,
     **cost_kw,
 ) -> CostModel:
     """`CostModel.from_profile`: a CostModel whose coefficients come from a profile file.
 
     With `use_measured_a2a`, the cluster's intra-node bandwidth and per-peer latency are
-    replaced by the profile's all-to-all measurement of its largest group size.
+    replaced by the profile's all-to-all measurement of its largest group size, or, when the
+    profile has a runtime calibration with an in-situ all-to-all fit, by that fit.
+    A runtime calibration (`Profile.runtime`) is applied unless `use_runtime_calibration`
+    is False; when the cluster has the calibrated world size and `grad_reduce_bytes_per_param`
+    is not given, the gradient sync is set to the measured one.
     """
     prof = load_profile(path, model=model)
-    if use_measured_a2a and prof.a2a:
+    cal = prof.runtime if use_runtime_calibration else None
+    coeffs = prof.coefficients if cal is None else cal.apply(prof.coefficients)
+    if use_measured_a2a and cal is not None and cal.a2a_bandwidth_bytes_per_s:
+        cluster = cluster.with_(
+            intra_node_bw=cal.a2a_bandwidth_bytes_per_s,
+            intra_node_latency_s=cal.a2a_latency_s or 0.0,
+        )
+    elif use_measured_a2a and prof.a2a:
         a = max(prof.a2a, key=lambda m: m.group_size)
         # CostModel charges latency per peer, (d - 1) per call; the measurement is per call.
         cluster = cluster.with_(
             intra_node_bw=a.bandwidth_bytes_per_s,
             intra_node_latency_s=a.latency_s / (a.group_size - 1),
         )
-    return CostModel(model, cluster, prof.coefficients, **cost_kw)
+    if cal is not None and cluster.num_gpus == cal.world:
+        cost_kw.setdefault(
+            "grad_reduce_bytes_per_param", cal.grad_reduce_bytes_per_param(model, cluster)
+        )
+    return CostModel(model, cluster, coeffs, **cost_kw)
 
 
 # ---- parsing helpers ----------------------------------------------------------------------
@@ -278,3 +356,32 @@ def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
             raise ProfileError(f"{where}: needs group_size >= 2 and bandwidth > 0, got {a}")
         out.append(A2AMeasurement(size, bw, _number(a, "latency_s", where)))
     return tuple(out)
+
+
+def _parse_runtime(d: Any) -> RuntimeCalibration:
+    where = "profile.runtime"
+    if not isinstance(d, dict):
+        raise ProfileError(f"{where}: expected an object, got {type(d).__name__}")
+    world = _number(d, "world", where, integer=True)
+    factor = _number(d, "compute_factor", where)
+    if world < 1 or factor <= 0:
+        raise ProfileError(f"{where}: needs world >= 1 and compute_factor > 0, got {d}")
+    a2a = {}
+    for k in ("a2a_bandwidth_bytes_per_s", "a2a_latency_s"):
+        a2a[k] = None if d.get(k) is None else _number(d, k, where)
+    if a2a["a2a_bandwidth_bytes_per_s"] == 0:
+        raise ProfileError(f"{where}.a2a_bandwidth_bytes_per_s: must be > 0 or null")
+    samples = d.get("samples", [])
+    fit = d.get("fit", {})
+    return RuntimeCalibration(
+        world=world,
+        compute_factor=factor,
+        microbatch_overhead_s=_number(d, "microbatch_overhead_s", where),
+        grad_sync_s=_number(d, "grad_sync_s", where),
+        fit=fit if isinstance(fit, dict) else {},
+        samples=tuple(s for s in samples if isinstance(s, dict))
+        if isinstance(samples, list)
+        else (),
+        date=str(d.get("date", "")),
+        **a2a,
+    )

@@ -68,6 +68,9 @@ class StepReport:
     grad_sync_s: float
     predicted_step_time_s: float | None
     micro_batches: tuple[MicroBatchTime, ...]
+    # Seconds of the plan checks before the step clock starts (the plan-hash all-gather and
+    # the pool check): paid every step, not part of step_time_s.
+    check_s: float = 0.0
 
     def summary(self) -> dict:
         return {
@@ -160,6 +163,7 @@ def execute_step(
 
     `data[sequence_id]` (or `data(sequence_id)`) is read only for this rank's micro-batches.
     Gradients accumulate into `.grad`: zero them before the step as in any training loop."""
+    t_check = time.perf_counter()
     if check_plan:
         check_same_plan(plan)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
@@ -198,7 +202,12 @@ def execute_step(
     end = time.perf_counter()
     state.sp, state.recompute_layers = SPGroup.single(), 0
     return StepReport(
-        float(total), end - started, end - t_sync, plan.predicted_step_time_s, tuple(times)
+        float(total),
+        end - started,
+        end - t_sync,
+        plan.predicted_step_time_s,
+        tuple(times),
+        started - t_check,
     )
 
 

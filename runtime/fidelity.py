@@ -94,7 +94,7 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
     plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
     model, state = _STATE["model"], _STATE["state"]
     data = _data(batch, _STATE["cfg"].vocab_size, 0)
-    out = {"step_s": [], "grad_sync_s": [], "micro_batches": []}
+    out = {"step_s": [], "grad_sync_s": [], "check_s": [], "micro_batches": []}
     for step in range(warmup + steps):
         model.zero_grad(set_to_none=True)
         task = CpuTimedTask(_STATE["task"])
@@ -103,6 +103,7 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
             continue
         out["step_s"].append(rep.step_time_s)
         out["grad_sync_s"].append(rep.grad_sync_s)
+        out["check_s"].append(rep.check_s)
         out["micro_batches"].append(
             [
                 (
@@ -119,3 +120,28 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
             ]
         )
     return out
+
+
+def worker_run_plan(workers):
+    """`run_plan(plan, batch, steps, warmup)` for runtime.profiler.calibrate_runtime: executes
+    on every rank of a DistWorkers pool whose model was built by `setup_lm`."""
+
+    def run(plan, batch, steps, warmup):
+        return workers.run(run_plan, plan.to_json(), batch.to_dict(), steps, warmup)
+
+    return run
+
+
+def calibrate_tiny_lm(profile, cfg: dict, world: int, *, attention: str = "per_segment"):
+    """`profile` (of runtime.models.TinyLM(LMConfig(**cfg))) with a runtime calibration
+    measured in `world` local gloo processes (one thread each): the hook for
+    `dcp-opt profile --calibrate-world N`."""
+    from .profiler import calibrate_runtime
+    from .testing import DistWorkers
+
+    workers = DistWorkers(world, timeout_s=300)
+    try:
+        workers.run(setup_lm, cfg, attention, 0)
+        return calibrate_runtime(profile, worker_run_plan(workers), world=world)
+    finally:
+        workers.close()

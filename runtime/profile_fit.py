@@ -11,15 +11,18 @@ DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
+import numpy as np
 import torch
+from scipy.optimize import nnls
 
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
 from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
-from dcp_opt.profile_io import A2AMeasurement
+from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration, utc_now
 
 from .profile_blocks import ProfileTarget
 
@@ -189,3 +192,75 @@ def measure_a2a_local(world: int, *, timeout_s: float = 120.0) -> tuple[A2AMeasu
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
+
+
+# ---- runtime calibration: the isolated profile against a real run of the executor ----------
+def _any_cluster(world: int) -> Cluster:
+    return Cluster("calibration", 1, world, 1e15, 1e12, 1e9, 1e9)
+
+
+def fit_runtime_calibration(
+    model, coeffs: CostCoefficients, world: int, samples: list[dict], steps: list[dict]
+) -> RuntimeCalibration:
+    """Fit a RuntimeCalibration (its docstring gives the model) to in-situ measurements.
+
+    samples: per micro-batch {"degree", "shapes", "recompute", "measured_s", "cpu_s"}
+    (wall seconds as the executor reports them); steps: per step {"step_s", "mb_s",
+    "grad_sync_s"} of the slowest rank (largest micro-batch sum)."""
+    from dcp_opt.batch import Sequence
+    from dcp_opt.cost import CostModel
+
+    cluster = _any_cluster(world)
+    raw = CostModel(model, cluster, coeffs)
+
+    def seqs(s):
+        return [Sequence(i, tuple(sh)) for i, sh in enumerate(s["shapes"])]
+
+    def pred(cost, s):
+        return cost.microbatch_time(seqs(s), s["degree"], s["recompute"], spans_nodes=False)
+
+    one = [s for s in samples if s["degree"] == 1]
+    x = [[pred(raw, s).total_s, 1.0] for s in one]
+    f1 = fit_nonneg(
+        x, [s["measured_s"] for s in one], ("compute_factor", "overhead"), label="runtime[d=1]"
+    )
+    k, c = max(f1.coef[0], 1e-3), f1.coef[1]
+    cal = RuntimeCalibration(world, k, c, None, None, 0.0)
+    cost = CostModel(model, cluster, cal.apply(coeffs))
+    report = {"degree_1": f1.report.to_dict()}
+    bw = lat = None
+    multi = [s for s in samples if s["degree"] > 1]
+    if len(multi) >= 2:
+        co, L = cost.coeffs, model.num_layers
+        xs, ys = [], []
+        for s in multi:
+            d, t = s["degree"], sum(math.prod(sh) for sh in s["shapes"])
+            p = pred(cost, s)
+            calls = 2 * L + s["recompute"]  # as CostModel.time_parts charges the comm
+            xs.append(
+                [
+                    calls * co.a2a_bytes_per_token_layer * t / d * (d - 1) / d,
+                    calls * co.a2a_calls_per_layer * (d - 1),
+                ]
+            )
+            ys.append(s["measured_s"] - p.compute_s - p.recompute_s)
+        # Absolute least squares: a residual may be ~0 or negative (noise), which the
+        # relative fit of dcp_opt.fit cannot take; the coefficients stay >= 0 (NNLS).
+        xs, ys = np.asarray(xs), np.asarray(ys)
+        norms = np.linalg.norm(xs, axis=0)
+        norms[norms == 0] = 1.0
+        coef = nnls(xs / norms, ys)[0] / norms
+        bw, lat = 1.0 / max(coef[0], 1e-15), float(coef[1])
+        report["a2a"] = {"residual_s": ys.tolist(), "fitted_s": (xs @ coef).tolist()}
+    sync = statistics.median(max(s["step_s"] - s["mb_s"], 0.0) for s in steps) if steps else 0.0
+    report["executor_grad_sync_s"] = (
+        statistics.median(s["grad_sync_s"] for s in steps) if steps else 0.0
+    )
+    if bw is not None:
+        cost = cost.with_(cluster=cluster.with_(intra_node_bw=bw, intra_node_latency_s=lat))
+    # what each calibration micro-batch is predicted to take: raw profile, then calibrated
+    rows = tuple(
+        {**s, "isolated_s": pred(raw, s).total_s, "predicted_s": pred(cost, s).total_s}
+        for s in samples
+    )
+    return RuntimeCalibration(world, k, c, bw, lat, sync, report, rows, utc_now())

@@ -37,7 +37,11 @@ from dcp_opt.profile_io import Profile, utc_now
 
 from .profile_blocks import BlockUnderTest, HeadUnderTest, ProfileTarget
 from .profile_clocks import CpuClock, CudaClock, SavedBytes, default_clock  # noqa: F401
-from .profile_fit import fit_points, measure_all_to_all  # noqa: F401  (public API)
+from .profile_fit import (  # noqa: F401  (public API)
+    fit_points,
+    fit_runtime_calibration,
+    measure_all_to_all,
+)
 
 
 @dataclass(frozen=True)
@@ -392,3 +396,96 @@ def profile_model(
             "target": target.signature,
         },
     )
+
+
+# ---- runtime calibration: a short real run of the executor ------------------------------------
+# Synthetic micro-batches (one sequence or several packed), spread over the profile grid's
+# range and unlike any workload on purpose: they calibrate the runtime, not a benchmark.
+CALIBRATION_1D = (((192,),), ((640,),), ((1280,),), ((160,),) * 4, ((448,),) * 2, ((96,),) * 6)
+CALIBRATION_2D = (
+    ((4, 8, 8),),
+    ((16, 8, 8),),
+    ((8, 12, 12),),
+    ((2, 8, 8),) * 2,
+    ((16, 4, 4),) * 2,
+    ((1, 12, 12),) * 3,
+)
+
+
+def calibration_plans(model, world: int, degrees=None) -> list:
+    """[(Plan, Batch)]: per degree d (default: 1, 2, 4, .. up to `world`), one phase where
+    every aligned group of d ranks runs the calibration micro-batches back to back, so all
+    ranks are busy as in training. Each group has its own sequence ids."""
+    from dcp_opt.batch import Batch, Sequence
+    from dcp_opt.cost import default_normalizer_kind, loss_normalizer
+    from dcp_opt.plan import Group, MicroBatch, Phase, Plan
+
+    mbs = CALIBRATION_1D if model.kind == "1d" else CALIBRATION_2D
+    if degrees is None:
+        degrees = [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= world and world % d == 0]
+    kind = default_normalizer_kind(model)
+    out = []
+    for d in degrees:
+        shapes, groups = [], []
+        for start in range(0, world, d):
+            ids = []
+            for mb in mbs:
+                ids.append(tuple(range(len(shapes), len(shapes) + len(mb))))
+                shapes += list(mb)
+            groups.append(Group(start, d, tuple(MicroBatch(i) for i in ids)))
+        batch = Batch(tuple(Sequence(i, tuple(sh)) for i, sh in enumerate(shapes)))
+        plan = Plan((Phase(tuple(groups)),), world, loss_normalizer(batch, kind), kind)
+        out.append((plan, batch))
+    return out
+
+
+def calibration_samples(batch, runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(micro-batch samples, step samples) for fit_runtime_calibration from the per-rank
+    results of runtime.fidelity.run_plan: each micro-batch once (its group's first rank),
+    its wall and CPU seconds the median over steps; per step, the slowest rank."""
+    by: dict[tuple, dict] = {}
+    for rank, res in enumerate(runs):
+        for step in res["micro_batches"]:
+            for ph, start, d, k, ids, rec, wall, cpu in step:
+                if rank != start:
+                    continue
+                s = by.setdefault((ph, start, k), {"ids": ids, "d": d, "r": rec, "w": [], "c": []})
+                s["w"].append(wall)
+                s["c"].append(cpu)
+    samples = [
+        {
+            "degree": s["d"],
+            "shapes": [list(batch.by_id[i].shape) for i in s["ids"]],
+            "recompute": s["r"],
+            "measured_s": statistics.median(s["w"]),
+            "cpu_s": statistics.median(s["c"]),
+        }
+        for s in by.values()
+    ]
+    steps = []
+    for i in range(len(runs[0]["step_s"])):
+        slow = max(runs, key=lambda r: sum(m[6] for m in r["micro_batches"][i]))
+        steps.append(
+            {
+                "step_s": slow["step_s"][i],
+                "mb_s": sum(m[6] for m in slow["micro_batches"][i]),
+                "grad_sync_s": slow["grad_sync_s"][i],
+            }
+        )
+    return samples, steps
+
+
+def calibrate_runtime(profile: Profile, run_plan, *, world: int, steps: int = 2, warmup: int = 1):
+    """`profile` with a RuntimeCalibration measured by `run_plan(plan, batch, steps, warmup)`,
+    which must execute a plan on all `world` ranks with the runtime's executor and return
+    every rank's result as runtime.fidelity.run_plan does (e.g. DistWorkers.run of it)."""
+    samples, step_rows = [], []
+    for plan, batch in calibration_plans(profile.model, world):
+        runs = run_plan(plan, batch, steps, warmup)
+        s, st = calibration_samples(batch, runs)
+        samples += s
+        step_rows += [dict(r, degree=plan.phases[0].groups[0].degree) for r in st]
+    # the per-step remainder is measured on the degree-1 plan: no all-to-all in flight
+    ones = [r for r in step_rows if r["degree"] == 1] or step_rows
+    cal = fit_runtime_calibration(profile.model, profile.coefficients, world, samples, ones)
+    return replace(profile, runtime=cal)

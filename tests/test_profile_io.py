@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from dcp_opt import MODEL_PRESETS, CostModel, cluster_preset, flops_coefficients
+from dcp_opt import MODEL_PRESETS, Batch, CostModel, cluster_preset, flops_coefficients
 from dcp_opt.profile_io import (
     A2AMeasurement,
     Profile,
@@ -141,3 +141,77 @@ def test_unreadable_and_non_json(tmp_path):
     p.write_text("[1, 2]")
     with pytest.raises(ProfileError, match="expected a JSON object, got list"):
         load_profile(p)
+
+
+# ---- runtime calibration (Profile.runtime) -----------------------------------------------
+def _calibrated(model=LLAMA) -> Profile:
+    from dcp_opt.profile_io import RuntimeCalibration
+
+    cal = RuntimeCalibration(
+        world=8,
+        compute_factor=1.25,
+        microbatch_overhead_s=0.002,
+        a2a_bandwidth_bytes_per_s=4e8,
+        a2a_latency_s=3e-4,
+        grad_sync_s=0.05,
+        fit={"degree_1": {"median_rel_err_test": 0.02}},
+        samples=({"degree": 1, "shapes": [[128]], "measured_s": 0.1},),
+        date="2026-11-29T13:00:00Z",
+    )
+    return replace(_profile(model), runtime=cal)
+
+
+def test_runtime_calibration_round_trips(tmp_path):
+    p = save_profile(_calibrated(), tmp_path / "p.json")
+    assert load_profile(p, model=LLAMA) == _calibrated()
+    assert "runtime" not in json.loads(save_profile(_profile(), tmp_path / "q.json").read_text())
+
+
+def test_runtime_calibration_scales_every_time_term():
+    prof = _calibrated()
+    raw, cal = prof.coefficients, prof.runtime.apply(prof.coefficients)
+    for name, b in raw.blocks.items():
+        for part in ("fwd", "bwd"):
+            for term in ("quad", "lin", "seq", "const"):
+                want = 1.25 * getattr(getattr(b, part), term)
+                assert getattr(getattr(cal.blocks[name], part), term) == pytest.approx(want)
+    assert cal.head_fwd_per_token_s == pytest.approx(1.25 * raw.head_fwd_per_token_s)
+    assert cal.microbatch_overhead_s == pytest.approx(1.25 * raw.microbatch_overhead_s + 0.002)
+    assert cal.act_bytes_per_token_layer == raw.act_bytes_per_token_layer  # memory untouched
+    # so every micro-batch time is 1.25 x the isolated one + 2 ms (degree 1: no comm)
+    seqs = list(Batch.from_lengths([300, 700]).sequences)
+    t_raw = CostModel(LLAMA, CLUSTER, raw).microbatch_time(seqs, 1).total_s
+    t_cal = CostModel(LLAMA, CLUSTER, cal).microbatch_time(seqs, 1).total_s
+    assert t_cal == pytest.approx(1.25 * t_raw + 0.002)
+
+
+def test_cost_model_from_profile_applies_the_runtime_calibration(tmp_path):
+    p = save_profile(_calibrated(), tmp_path / "p.json")
+    cost = cost_model_from_profile(p, LLAMA, CLUSTER, use_measured_a2a=True)
+    assert cost.coeffs == _calibrated().runtime.apply(_profile().coefficients)
+    # in-situ all-to-all, and (the cluster has the calibrated world of 8) the in-situ sync
+    assert cost.cluster.intra_node_bw == 4e8 and cost.cluster.intra_node_latency_s == 3e-4
+    assert cost.grad_sync_time() == pytest.approx(0.05)
+    plain = cost_model_from_profile(p, LLAMA, CLUSTER, use_runtime_calibration=False)
+    assert plain.coeffs == _profile().coefficients
+    # another world size: the sync measured at 8 ranks says nothing about it
+    other = cost_model_from_profile(p, LLAMA, cluster_preset("h200x16"))
+    assert other.grad_reduce_bytes_per_param == 2.0
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda d: d["runtime"].update(compute_factor=-1), r"profile\.runtime\.compute_factor"),
+        (lambda d: d["runtime"].pop("grad_sync_s"), r"profile\.runtime\.grad_sync_s: missing"),
+        (lambda d: d["runtime"].update(world=0), r"profile\.runtime: needs world >= 1"),
+        (lambda d: d["runtime"].update(a2a_bandwidth_bytes_per_s=0), "must be > 0 or null"),
+        (lambda d: d.update(runtime=[1]), r"profile\.runtime: expected an object"),
+    ],
+)
+def test_bad_runtime_calibration_names_the_field(tmp_path, mutate, pattern):
+    d = json.loads(save_profile(_calibrated(), tmp_path / "p.json").read_text())
+    mutate(d)
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=pattern):
+        load_profile(tmp_path / "p.json")

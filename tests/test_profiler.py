@@ -353,3 +353,112 @@ def test_fidelity_microbatch_samples_use_group_leaders():
     # toy: 6T/d + 0.5 = 6*10/2 + 0.5 = 30.5 predicted
     assert bench.microbatch_samples(cost, batch, runs, "wall") == [(2, 30.5, 40.0)]
     assert bench.microbatch_samples(cost, batch, runs, "cpu") == [(2, 30.5, 30.0)]
+
+
+# ---- runtime calibration ---------------------------------------------------------------------
+def _truth_samples(world, k, c, bw, lat):
+    """Calibration micro-batches 'measured' on a device that is exactly the calibrated model."""
+    from dcp_opt import CostModel, flops_coefficients
+    from dcp_opt.cluster import Cluster
+    from dcp_opt.profile_io import RuntimeCalibration
+
+    cluster = Cluster("t", 1, world, 1e15, 1e12, bw, bw, intra_node_latency_s=lat)
+    raw = flops_coefficients(SPEC, cluster)
+    true = RuntimeCalibration(world, k, c, bw, lat, 0.0).apply(raw)
+    cost = CostModel(SPEC, cluster, true)
+    samples, steps = [], []
+    for plan, batch in P.calibration_plans(SPEC, world):
+        for _, g, _, mb in plan.micro_batches():
+            if g.start_rank:
+                continue
+            seqs = [batch.by_id[i] for i in mb.sequence_ids]
+            t = cost.microbatch_time(seqs, g.degree, spans_nodes=False).total_s
+            shapes = [list(s.shape) for s in seqs]
+            samples.append({"degree": g.degree, "shapes": shapes, "recompute": 0, "measured_s": t})
+        steps.append({"step_s": 1.03, "mb_s": 1.0, "grad_sync_s": 0.025})
+    return raw, samples, steps
+
+
+def test_runtime_calibration_fit_recovers_known_terms():
+    raw, samples, steps = _truth_samples(4, k=1.3, c=4e-3, bw=2e8, lat=5e-4)
+    cal = P.fit_runtime_calibration(SPEC, raw, 4, samples, steps)
+    assert cal.world == 4 and {s["degree"] for s in samples} == {1, 2, 4}
+    assert cal.compute_factor == pytest.approx(1.3, rel=1e-6)
+    assert cal.microbatch_overhead_s == pytest.approx(4e-3, rel=1e-4)
+    assert cal.a2a_bandwidth_bytes_per_s == pytest.approx(2e8, rel=1e-4)
+    assert cal.a2a_latency_s == pytest.approx(5e-4, rel=1e-4)
+    assert cal.grad_sync_s == pytest.approx(0.03)  # step beyond its micro-batches
+    assert cal.fit["executor_grad_sync_s"] == pytest.approx(0.025)
+    for s in cal.samples:  # calibrated predictions reproduce the measurements
+        assert s["predicted_s"] == pytest.approx(s["measured_s"], rel=1e-6)
+        assert s["isolated_s"] < s["measured_s"]
+
+
+def test_runtime_calibration_without_multi_rank_groups_has_no_a2a():
+    raw, samples, steps = _truth_samples(2, k=0.8, c=0.0, bw=1e9, lat=1e-4)
+    ones = [s for s in samples if s["degree"] == 1]
+    cal = P.fit_runtime_calibration(SPEC, raw, 2, ones, [])
+    assert cal.compute_factor == pytest.approx(0.8, rel=1e-6)
+    assert cal.a2a_bandwidth_bytes_per_s is None and cal.grad_sync_s == 0.0
+
+
+def test_calibration_plans_keep_every_rank_busy_once_per_sequence():
+    spec2d = ModelSpec("d", "2d", 2, H, 2, 16, text_tokens=4, causal=False)
+    for model in (SPEC, spec2d):
+        plans = P.calibration_plans(model, 4)
+        assert [p.phases[0].groups[0].degree for p, _ in plans] == [1, 2, 4]
+        for plan, batch in plans:
+            assert sorted(plan.sequence_ids()) == [s.id for s in batch.sequences]
+            covered = sorted(r for g in plan.phases[0].groups for r in g.ranks)
+            assert covered == [0, 1, 2, 3]
+            assert all(g.micro_batches for g in plan.phases[0].groups)
+            assert plan.loss_normalizer > 0 and batch.kind == model.kind
+
+
+def test_calibration_samples_take_leaders_and_the_slowest_rank():
+    batch = Batch.from_lengths([10, 20, 30])
+    # row: (phase, start, degree, index, ids, recompute, wall s, cpu s); 2 steps, 2 ranks
+    runs = [
+        {
+            "step_s": [1.0, 2.0],
+            "grad_sync_s": [0.1, 0.1],
+            "micro_batches": [[(0, 0, 1, 0, [0], 0, 0.5, 0.4)], [(0, 0, 1, 0, [0], 0, 0.7, 0.6)]],
+        },
+        {
+            "step_s": [1.0, 2.0],
+            "grad_sync_s": [0.2, 0.3],
+            "micro_batches": [
+                [(0, 1, 1, 0, [1, 2], 1, 0.9, 0.8)],
+                [(0, 1, 1, 0, [1, 2], 1, 1.1, 1.0)],
+            ],
+        },
+    ]
+    samples, steps = P.calibration_samples(batch, runs)
+    assert samples == [
+        {"degree": 1, "shapes": [[10]], "recompute": 0, "measured_s": 0.6, "cpu_s": 0.5},
+        {"degree": 1, "shapes": [[20], [30]], "recompute": 1, "measured_s": 1.0, "cpu_s": 0.9},
+    ]
+    assert steps == [
+        {"step_s": 1.0, "mb_s": 0.9, "grad_sync_s": 0.2},
+        {"step_s": 2.0, "mb_s": 1.1, "grad_sync_s": 0.3},
+    ]
+
+
+def test_calibrate_tiny_lm_end_to_end_with_two_ranks():
+    """A real executor run (2 gloo processes): the calibration is measured and usable."""
+    from dcp_opt.runtime.fidelity import calibrate_tiny_lm
+    from dcp_opt.runtime.models import LMConfig
+    from dcp_opt.runtime.profile_blocks import lm_target
+
+    cfg = dict(vocab_size=32, hidden=16, num_heads=2, num_layers=2, ffn_hidden=32)
+    target = lm_target(LMConfig(**cfg), attention="per_segment")
+    grid = P.Grid(lengths=(64, 128, 256, 512), pack=(1, 2), max_tokens=512)
+    quick = P.ProfileConfig(grid=grid, warmup=0, repeats=1, passes=1, min_time_s=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a one-repeat fit may be poor; not the point here
+        prof = P.profile_model(target, quick, progress=False)
+        cal = calibrate_tiny_lm(prof, cfg, 2).runtime
+    assert cal.world == 2 and cal.compute_factor > 0 and cal.grad_sync_s >= 0
+    assert {s["degree"] for s in cal.samples} == {1, 2}
+    assert len(cal.samples) == 3 * len(P.CALIBRATION_1D)  # 2 groups at d=1, 1 group at d=2
+    assert cal.a2a_bandwidth_bytes_per_s > 0
