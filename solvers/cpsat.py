@@ -102,30 +102,45 @@ LP_ALWAYS_SEQS = 1024  # ... always paid up to this many sequences (a few ms)
 RESERVE_S = 0.015
 RESERVE_PER_SEQ_S = 10e-6
 MIN_SOLVE_S = 0.01  # CP-SAT gets at least this long, or the greedy plan is kept
-BUILD_PER_VAR_S = 25e-6  # model build cost per member variable (y), with its rows
+BUILD_PER_VAR_S = 25e-6  # model build cost (CPU) per member variable (y), with its rows ...
+BUILD_PER_SEQ_S = 10e-6  # ... and per sequence (classes, hint)
 BUILD_SHARE = 0.5  # the build may take at most this share of what is left for build + solve
-CLASS_STEPS = (64, 32, 16, 8)  # cost classes tried, most first, until the build fits
+CLASS_STEPS = (64, 32, 16, 8)  # cost classes: the most whose build fits
+MAX_SLOWNESS = 8.0  # wall / CPU of this call, capped (estimates below are CPU seconds)
 FULL_MODEL_S = 2.0  # budgets from this long get every slot and CP-SAT's presolve
 
 
 class _Clock:
-    """The budget's one clock: time left, and each stage's wall time (stats["stage_s"]).
-    Deterministic mode makes no wall-clock decision: `left()` is infinite there."""
+    """The budget's one clock: time left, each stage's wall and thread-CPU time
+    (stats["stage_s"], stats["stage_cpu_s"]), and how slow this call runs: wall / CPU so far,
+    > 1 when the machine is loaded, so cost estimates made in CPU seconds are scaled to the
+    wall clock the budget counts. Deterministic mode makes no wall-clock decision: `left()`
+    is infinite there."""
 
     def __init__(self, started: float, limit_s: float, deterministic: bool):
         self.started, self.limit_s, self.det = started, limit_s, deterministic
+        self.cpu0 = time.thread_time()
         self.stage_s: dict[str, float] = {}
+        self.stage_cpu_s: dict[str, float] = {}
 
     def left(self) -> float:
         return math.inf if self.det else self.limit_s - (time.perf_counter() - self.started)
 
+    def slowness(self) -> float:
+        """Wall / CPU of this thread so far, the CP-SAT solve left out (its workers may run
+        on other threads while this one waits)."""
+        wall = time.perf_counter() - self.started - self.stage_s.get("solve", 0.0)
+        cpu = time.thread_time() - self.cpu0 - self.stage_cpu_s.get("solve", 0.0)
+        return min(max(wall / max(cpu, 1e-3), 1.0), MAX_SLOWNESS)
+
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         try:
             yield
         finally:
             self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t
+            self.stage_cpu_s[name] = self.stage_cpu_s.get(name, 0.0) + time.thread_time() - c
 
 
 def plan_cpsat(
@@ -177,7 +192,8 @@ def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
             result = _best_of(result, incumbents, batch, cost)
     with clock.stage("lp_bound"):
         lp_s = _lp(batch, cost, result.predicted_step_time_s, clock)
-    stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s, stage_s=clock.stage_s)
+    stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s)
+    stats.update(stage_s=clock.stage_s, stage_cpu_s=clock.stage_cpu_s)
     return replace(
         result,
         lower_bound_s=max(result.lower_bound_s, lp_s or 0.0),
@@ -191,7 +207,8 @@ def _lp(batch, cost, upper_s: float, clock: _Clock) -> float | None:
     """The packing-aware LP bound while the budget lasts (the separable part costs ~5 us a
     sequence, HiGHS up to 30 ms on batches of <= LP_MAX_SEQS); None: analytic bound only."""
     left = clock.left()
-    if not (clock.det or len(batch) <= LP_ALWAYS_SEQS or left > LP_PER_SEQ_S * len(batch)):
+    need = LP_PER_SEQ_S * len(batch) * (1.0 if clock.det else clock.slowness())
+    if not (clock.det or len(batch) <= LP_ALWAYS_SEQS or left > need):
         return None
     return lp_bound(
         batch,
@@ -211,8 +228,8 @@ def _first_valid(drafts: list[Draft], inst: Instance, cost: CostModel):
 
 
 def _model(cost, inst, best, clock: _Clock, reserve: float, stats: dict):
-    """(data, model, vars) that fit the time left, or None. Fewer cost classes while the
-    estimated build would take more than BUILD_SHARE of what is left for build + solve."""
+    """(data, model, vars) that fit the time left, or None: the most cost classes whose
+    estimated build takes at most BUILD_SHARE of what is left for build + solve."""
     c = cost.cluster
     exact = len(inst.ids) <= EXACT_MAX_SEQS and c.num_gpus <= EXACT_MAX_GPUS
     near: dict | None = None  # short budgets search near the greedy's layout only
@@ -220,17 +237,31 @@ def _model(cost, inst, best, clock: _Clock, reserve: float, stats: dict):
         near = {}
         for _, j, _ in best.groups:
             near[j] = near.get(j, 0) + 1
-    for k in CLASS_STEPS:
-        data = cm.make_data(inst, cost, best.finish_s, exact, max_classes=k, near=near)
-        room = clock.left() - reserve - MIN_SOLVE_S
-        if exact or BUILD_PER_VAR_S * len(data.classes) * sum(data.slots) <= BUILD_SHARE * room:
-            break
-    else:
-        return None
+    k = CLASS_STEPS[0]
+    if not exact and not clock.det:
+        slow = clock.slowness()
+        per_class = BUILD_PER_VAR_S * slow * _slots_at_most(inst, near)
+        room = BUILD_SHARE * (clock.left() - reserve - MIN_SOLVE_S)
+        room -= BUILD_PER_SEQ_S * slow * len(inst.ids)
+        k = next((k for k in CLASS_STEPS if k * per_class <= room), 0)
+        if not k:
+            return None
+    data = cm.make_data(inst, cost, best.finish_s, exact, max_classes=k, near=near)
     model, v = cm.build(data, 8 * cm.RESOLUTION)
     stats["hinted"] = cx.add_hint(model, data, v, best)
     stats.update(exact_model=exact, classes=len(data.classes), model_vars=len(v.y))
     return data, model, v
+
+
+def _slots_at_most(inst, near: dict | None) -> int:
+    """An upper bound on the model's slots (cpsat_model.make_data), without building it."""
+    out = 0
+    for j, d in enumerate(inst.degrees.tolist()):
+        s = min(inst.num_gpus // d, len(inst.ids), cm.SLOT_CAP)
+        if near is not None:
+            s = max(min(s, near.get(j, 0) + max(2, near.get(j, 0) // 4)), near.get(j, 0))
+        out += s
+    return out
 
 
 def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
@@ -240,7 +271,7 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
         return None, "fallback", "fallback: CP-SAT models homogeneous clusters; greedy plan"
     if c.num_gpus > MAX_MODEL_GPUS:
         return None, "feasible", "greedy block plan (cluster too large for the model)"
-    reserve = RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)
+    reserve = (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness()
     no_time = None, "feasible", "no time left for CP-SAT; greedy plan"
     if clock.left() - reserve < MIN_SOLVE_S:
         return no_time
@@ -258,7 +289,7 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
     p.cp_model_presolve = clock.limit_s >= FULL_MODEL_S
     for key, value in params.items():
         setattr(p, key, value)
-    left = clock.left() - reserve
+    left = clock.left() - (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness()
     if clock.det:
         p.max_deterministic_time = max(clock.limit_s, 0.01)
     elif left < MIN_SOLVE_S:
@@ -295,7 +326,7 @@ def _pick(solver, data, v, inst, cost, best: Draft, clock: _Clock, name: str):
         return None, "fallback", "fallback: CP-SAT layout could not be placed"
     placed, pref, own = got
     options = [own]
-    if clock.left() > RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids) / 2:
+    if clock.left() > (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness():
         options.append(
             _relist(inst, cost.cluster, placed, pref, own, solver.value(v.m) * data.unit)
         )
