@@ -79,12 +79,14 @@ class SimResult:
 
 def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) -> SimResult:
     """Run the plan on the cost model. `events=False` skips the per-micro-batch timeline
-    (`events` is then empty; every total is the same): planners need only the totals."""
+    (`events` is then empty; every total is the same): planners need only the totals.
+    Per-rank clocks are Python lists: a group touches at most a few dozen ranks, where a
+    list slice beats a numpy call."""
     cluster = cost.cluster
     n = cluster.num_gpus
-    ready = np.zeros(n)
-    busy = np.zeros(n)
-    peak = np.full(n, cost.fixed_bytes())
+    ready = [0.0] * n
+    busy = [0.0] * n
+    peak = [cost.fixed_bytes()] * n
     out: list[Event] = []
     comm_total = rec_total = 0.0
     feats = cost.batch_features(batch)  # cached rows; a micro-batch sums its members' rows
@@ -95,28 +97,37 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
             continue
         c, r, m, mem, cuts = _phase_parts(groups, feats, row, cost)
         dur = (c + r + m).tolist()
-        comm = np.add.reduceat(m, cuts[:-1]) if len(c) else m
-        rec = np.add.reduceat(r, cuts[:-1]) if len(c) else r
+        comm = np.add.reduceat(m, cuts[:-1]).tolist()
+        rec = np.add.reduceat(r, cuts[:-1]).tolist()
         top = np.maximum.reduceat(mem, cuts[:-1]).tolist()
         cl = cuts.tolist()
         for k, g in enumerate(groups):
             a, b, s, d = cl[k], cl[k + 1], g.start_rank, g.degree
-            t0 = t = float(ready[s : s + d].max())
+            t0 = t = max(ready[s : s + d])
             starts = []
             for x in dur[a:b]:  # back to back, summed left to right as a running clock
                 starts.append(t)
                 t += x
             if events:
                 out += _events(p, g, starts, c[a:b], r[a:b], m[a:b], mem[a:b])
-            comm_total += float(comm[k]) * d
-            rec_total += float(rec[k]) * d
-            peak[s : s + d] = np.maximum(peak[s : s + d], top[k])
-            busy[s : s + d] += t - t0
-            ready[s : s + d] = t
-    finish = float(ready.max()) if n else 0.0
+            comm_total += comm[k] * d
+            rec_total += rec[k] * d
+            peak[s : s + d] = [max(v, top[k]) for v in peak[s : s + d]]
+            busy[s : s + d] = [v + (t - t0) for v in busy[s : s + d]]
+            ready[s : s + d] = [t] * d
+    finish = max(ready) if n else 0.0
     sync = cost.grad_sync_time()
+    busy_a = np.array(busy)
     return SimResult(
-        finish + sync, finish, sync, busy, finish - busy, peak, tuple(out), comm_total, rec_total
+        finish + sync,
+        finish,
+        sync,
+        busy_a,
+        finish - busy_a,
+        np.array(peak),
+        tuple(out),
+        comm_total,
+        rec_total,
     )
 
 
@@ -138,15 +149,24 @@ def _phase_parts(groups, feats, row, cost: CostModel):
     starts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
     f = np.add.reduceat(feats[idx], starts, axis=0)
     rec = np.array([mb.recompute_layers for mb in mbs])
-    cuts = np.cumsum([0] + [len(g.micro_batches) for g in groups])
-    kinds: dict[tuple, list[int]] = {}
-    for k, g in enumerate(groups):
-        spans = cluster.spans_nodes(g.start_rank, g.degree)
-        speed = cluster.group_speed(g.start_rank, g.degree)
-        kinds.setdefault((g.degree, spans, speed), []).append(k)
+    sizes = [len(g.micro_batches) for g in groups]
+    cuts = np.cumsum([0] + sizes)
+    kinds: dict[tuple, int] = {}
+    kind_of = [
+        kinds.setdefault(
+            (
+                g.degree,
+                cluster.spans_nodes(g.start_rank, g.degree),
+                cluster.group_speed(g.start_rank, g.degree),
+            ),
+            len(kinds),
+        )
+        for g in groups
+    ]
+    kind_mb = np.repeat(kind_of, sizes)  # the kind of each micro-batch's group
     parts = np.empty((4, len(mbs)))
-    for (d, spans, speed), ks in kinds.items():
-        sel = np.concatenate([np.arange(cuts[k], cuts[k + 1]) for k in ks])
+    for (d, spans, speed), kid in kinds.items():
+        sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
         c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed)
         parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
         parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel])

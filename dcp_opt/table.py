@@ -23,6 +23,9 @@ class SeqTable:
     # launches, all-to-all latency): the part a packed micro-batch cannot share, so a sum of
     # these never exceeds the packed time (what a certified bound needs).
     time_marginal: np.ndarray | None = None
+    # (D,) seconds of an empty micro-batch at r = 0: the per-micro-batch constant that
+    # sequences packed into one micro-batch pay once.
+    const: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -44,22 +47,25 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     r_min = np.full((n, nd), -1, dtype=int)
     time = np.full((n, nd), np.inf)
     marginal = np.full((n, nd), np.inf)
+    const = np.empty(nd)
     over = cost.coeffs.microbatch_overhead_s
     zero = np.zeros((1, feats.shape[1]))
     for j, d in enumerate(degrees):
-        cap = best_capacity(cost, d)
-        r = cost.min_recompute(tokens, d, cap)
+        r = cost.min_recompute(tokens, d, best_capacity(cost, d))
         ok = r >= 0
         r_min[:, j] = r
+        # time is affine in the features: t(f) = t(0) + marginal(f); one zero row broadcast
+        # against [0, every row's recompute level] gives the empty micro-batch's time (the
+        # constant packed sequences share) and t(0) per row, in one call.
+        t0 = cost.time(zero, d, np.concatenate(([0], r[ok])))
+        const[j] = t0[0]
         if ok.all():  # the common case: no row selection (copies of every feature row)
             time[:, j] = cost.time(feats, d, r)
-            marginal[:, j] = time[:, j] - cost.time(zero, d, r)
+            marginal[:, j] = time[:, j] - t0[1:]
         elif ok.any():
             time[ok, j] = cost.time(feats[ok], d, r[ok])
-            # time is affine in the features: t(f) = t(0) + marginal(f); one zero row
-            # broadcast against every row's recompute level gives t(0) per row
-            marginal[ok, j] = time[ok, j] - cost.time(zero, d, r[ok])
-    out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal)
+            marginal[ok, j] = time[ok, j] - t0[1:]
+    out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
     cost._cache[key] = out
     return out
 

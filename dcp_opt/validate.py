@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -135,36 +136,60 @@ def _check_coverage(plan: Plan, batch: Batch) -> list[Violation]:
 
 def _check_micro_batches(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
     """Empty micro-batches, recompute out of range, and memory: one vectorised memory check
-    over every micro-batch of the plan (the per-micro-batch Python work is a list walk)."""
-    L, n = cost.model.num_layers, cost.cluster.num_gpus
-    where, ids, rec, deg, cap = [], [], [], [], []
-    out = []
+    over every well-formed micro-batch of an in-range group (the Python work is one walk
+    over the micro-batches and one over their sequence ids)."""
+    L = cost.model.num_layers
+    out: list[Violation] = []
+    blocks = []  # (phase, group, indices of its well-formed micro-batches)
     for p, phase in enumerate(plan.phases):
         for g in phase.groups:
-            in_range = g.degree >= 1 and g.start_rank >= 0 and g.start_rank + g.degree <= n
-            c = cost.capacity(g.start_rank, g.degree) if in_range and g.micro_batches else 0.0
-            for k, mb in enumerate(g.micro_batches):
-                bad = _bad_micro_batch(mb, L, p, g, k)
-                if bad is not None:
-                    out.append(bad)
-                elif in_range:
-                    where.append((p, g.start_rank, g.degree, k))
-                    ids.append(mb.sequence_ids)
-                    rec.append(mb.recompute_layers)
-                    deg.append(g.degree)
-                    cap.append(c)
-    if not ids:
-        return out
+            mbs = g.micro_batches
+            if not mbs:
+                continue
+            good = [
+                k for k, mb in enumerate(mbs) if mb.sequence_ids and 0 <= mb.recompute_layers <= L
+            ]
+            if len(good) < len(mbs):
+                ok = set(good)
+                out += [_bad_micro_batch(mb, L, p, g, k) for k, mb in enumerate(mbs) if k not in ok]
+            if good and _in_range(g, cost.cluster.num_gpus):
+                blocks.append((p, g, good))
+    if blocks:
+        out += _check_memory(blocks, batch, cost)
+    return out
+
+
+def _in_range(g, n: int) -> bool:
+    return g.degree >= 1 and g.start_rank >= 0 and g.start_rank + g.degree <= n
+
+
+def _check_memory(blocks: list, batch: Batch, cost: CostModel) -> list[Violation]:
+    """OUT_OF_MEMORY for every micro-batch of `blocks` that needs more than its group has."""
+    mbs = [g.micro_batches[k] for _, g, ks in blocks for k in ks]
+    counts = [len(ks) for _, _, ks in blocks]
     tok = _tokens_by_id(batch, cost)
-    tokens = np.array([sum([tok.get(s, 0) for s in x]) for x in ids], dtype=float)
-    deg_a, rec_a, cap_a = np.array(deg), np.array(rec), np.array(cap)
-    need = cost.memory(tokens, deg_a, rec_a)
-    for i in np.flatnonzero(need > cap_a * (1 + 1e-9)).tolist():
+    per_seq = np.array([tok.get(s, 0) for mb in mbs for s in mb.sequence_ids], dtype=float)
+    firsts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
+    tokens = np.add.reduceat(per_seq, firsts)  # every micro-batch here holds a sequence
+    rec = np.array([mb.recompute_layers for mb in mbs])
+    deg = np.repeat([g.degree for _, g, _ in blocks], counts)
+    cap = np.repeat([cost.capacity(g.start_rank, g.degree) for _, g, _ in blocks], counts)
+    need = cost.memory(tokens, deg, rec)
+    over = np.flatnonzero(need > cap * (1 + 1e-9)).tolist()
+    if not over:
+        return []
+    block_of = np.searchsorted(np.cumsum(counts), over, side="right").tolist()
+    ends = np.cumsum([0] + counts).tolist()
+    out = []
+    for i, b in zip(over, block_of, strict=True):
+        p, g, ks = blocks[b]
+        k = ks[i - ends[b]]
         out.append(
             Violation(
                 "OUT_OF_MEMORY",
-                f"{_Where(*where[i])}: sequences {_short(list(ids[i]))} "
-                f"need {need[i] / 1e9:.2f} GB per GPU, capacity {cap_a[i] / 1e9:.2f} GB",
+                f"{_Where(p, g.start_rank, g.degree, k)}: sequences "
+                f"{_short(list(mbs[i].sequence_ids))} need {need[i] / 1e9:.2f} GB per GPU, "
+                f"capacity {cap[i] / 1e9:.2f} GB",
             )
         )
     return out
@@ -184,7 +209,8 @@ def _bad_micro_batch(mb, L: int, p: int, g, k: int) -> Violation | None:
 def _tokens_by_id(batch: Batch, cost: CostModel) -> dict[int, int]:
     key = ("tokens_by_id", batch.fingerprint())  # cached: every planner's finish() asks
     if key not in cost._cache:
-        cost._cache[key] = {s.id: s.num_tokens for s in batch.sequences}
+        # math.prod of the shape (Sequence.num_tokens without the property call)
+        cost._cache[key] = {s.id: math.prod(s.shape) for s in batch.sequences}
     return cost._cache[key]
 
 

@@ -145,26 +145,33 @@ def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False)
 def spec_for(inst: Instance, cluster, target: float, two_phase: bool):
     """(phase0, base, items, pref, placed) of a candidate for makespan `target`, or None."""
     n, dmax = len(inst.ids), len(inst.degrees) - 1
-    usable = np.isfinite(inst.time).any(axis=0)
-    pref = preferred_degrees(inst, target, usable)
     items = np.arange(n)
     phase0: list = []
     base = 0.0
     if two_phase:
-        # Sequences that only a group wider than half the cluster finishes within T.
-        narrow = inst.degrees <= inst.num_gpus // 2
-        t_narrow = np.where(narrow[None, :], inst.time, np.inf).min(axis=1)
-        huge = np.flatnonzero(t_narrow > target)
+        # Sequences that only a group wider than half the cluster finishes within T
+        # (checked first: most batches have none, and then there is no candidate).
+        huge = np.flatnonzero(_narrow_time(inst) > target)
         if len(huge) == 0 or not np.isfinite(inst.time[huge, dmax]).all():
             return None
         start = _widest_start(cluster, int(inst.degrees[dmax]))
         phase0 = [(start, dmax, [([int(i)], int(inst.r_min[i, dmax])) for i in huge])]
         base = float(inst.time[huge, dmax].sum())
         items = np.setdiff1d(items, huge)
-        pref = preferred_degrees(inst, max(target - base, 1e-9), usable)
     rest = max(target - base, 1e-9)
+    pref = preferred_degrees(inst, rest, inst.usable)
     placed = place(layout(inst, items, pref, rest, inst.num_gpus), inst, cluster)
     return phase0, base, items, pref, placed
+
+
+def _narrow_time(inst: Instance) -> np.ndarray:
+    """(n,) fastest time of each sequence on a group of at most half the cluster."""
+
+    def make():
+        narrow = inst.degrees <= inst.num_gpus // 2
+        return np.where(narrow[None, :], inst.time, np.inf).min(axis=1)
+
+    return inst.memo("narrow", make)
 
 
 def draft_for(
@@ -245,21 +252,22 @@ def to_phases(draft: Draft, inst: Instance, cost: CostModel) -> list[list[Group]
 def uniform_draft(inst: Instance, cluster, j: int) -> Draft | None:
     """Every group of degree j (a sequence that does not fit there picks another group)."""
     d = int(inst.degrees[j])
-    if not np.isfinite(inst.time[:, j]).any():
+    if not inst.usable[j]:
         return None
     placed = place([j] * (inst.num_gpus // d), inst, cluster)
     pref = np.full(len(inst.ids), j)
     items = np.arange(len(inst.ids))
-    return _assign_draft(inst, cluster, items, pref, placed, 0.0, [], 0.0)
+    # Target inf: with one degree the preferred group is always the earliest finish, so
+    # no sequence needs the fallback scan.
+    return _assign_draft(inst, cluster, items, pref, placed, np.inf, [], 0.0)
 
 
-def uniform_bound(inst: Instance, j: int) -> float:
-    """Lower bound on the finish of uniform_draft(j): packed work over N, longest sequence."""
-    t = inst.time[:, j]
-    if not np.isfinite(t).all():
-        return 0.0  # some sequence goes elsewhere: no cheap bound
-    marginal = t - inst.const[j]
-    return max(float(marginal.sum()) * inst.degrees[j] / inst.num_gpus, float(t.max()))
+def uniform_bounds(inst: Instance) -> np.ndarray:
+    """(D,) lower bounds on the finish of uniform_draft(j): packed work over N, longest
+    sequence; 0 where some sequence does not fit (it goes elsewhere: no cheap bound)."""
+    t = inst.time
+    work = (t - inst.const[None, :]).sum(axis=0) * inst.degrees / inst.num_gpus
+    return np.where(np.isfinite(t).all(axis=0), np.maximum(work, t.max(axis=0)), 0.0)
 
 
 def search(inst: Instance, cluster) -> list[Draft]:
@@ -287,7 +295,7 @@ def search(inst: Instance, cluster) -> list[Draft]:
                 d.how = ("target", f, two, eft)
                 drafts.append(d)
     best = min(d.finish_s for d in drafts if d is not None)
-    bounds = [uniform_bound(inst, j) for j in range(len(inst.degrees))]
+    bounds = uniform_bounds(inst).tolist()
     for j in np.argsort(bounds, kind="stable").tolist():
         if bounds[j] < best:
             d = uniform_draft(inst, cluster, j)
@@ -340,16 +348,19 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
     planner is deterministic; it is accepted so that every planner shares one signature."""
     started = time.perf_counter()
     with gc_paused():
-        inst = make_instance(batch, cost)
-        for draft in candidates(inst, cost.cluster):
-            phases = to_phases(draft, inst, cost)
-            if phases is not None:
-                break
+        phases, how = _first_fit(batch, cost)
         return finish(
-            phases,
-            batch,
-            cost,
-            planner="greedy",
-            started=started,
-            stats={"candidate": list(draft.how)},
+            phases, batch, cost, planner="greedy", started=started, stats={"candidate": how}
         )
+
+
+def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:
+    """The groups of the best candidate that fits, and which candidate it was. A function
+    of its own so that the instance and the drafts (thousands of lists) are freed before the
+    collector resumes, instead of being walked by its first collection."""
+    inst = make_instance(batch, cost)
+    for draft in candidates(inst, cost.cluster):
+        phases = to_phases(draft, inst, cost)
+        if phases is not None:
+            return phases, list(draft.how)
+    raise AssertionError("the safe draft always fits")  # candidates() ends with it

@@ -33,18 +33,29 @@ class Instance:
     sync: float
     _lists: dict = field(default_factory=dict, compare=False, repr=False)
 
+    def memo(self, name: str, make):
+        """A value derived from the instance, made once: every candidate of the search
+        reads it."""
+        if name not in self._lists:
+            self._lists[name] = make()
+        return self._lists[name]
+
     def lists(self) -> tuple[list, list, list]:
         """time, r_min and tokens as Python lists (the per-sequence loop reads these)."""
-        if not self._lists:
-            self._lists["v"] = (self.time.tolist(), self.r_min.tolist(), self.tokens.tolist())
-        return self._lists["v"]
+        return self.memo(
+            "lists", lambda: (self.time.tolist(), self.r_min.tolist(), self.tokens.tolist())
+        )
+
+    @property
+    def usable(self) -> np.ndarray:
+        """(D,) degrees at which some sequence fits."""
+        return self.memo("usable", lambda: np.isfinite(self.time).any(axis=0))
 
 
 def make_instance(batch: Batch, cost: CostModel) -> Instance:
     tab = seq_table(batch, cost)
     deg = np.asarray(tab.degrees)
-    zero = np.zeros(cost.num_features)
-    const = np.array([float(cost.time(zero, int(d), 0)) for d in deg])
+    const = tab.const
     per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()
     cap = np.array([best_capacity(cost, int(d)) for d in deg])
     cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * (1 - 1e-9)
@@ -119,28 +130,29 @@ def layout(
 
 def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tuple[int, int]]:
     """(start, degree index) on aligned ranges: buddy order, scanning only on a clash."""
-    free = np.ones(inst.num_gpus, dtype=bool)
-    free[:first] = False
+    used = bytearray(inst.num_gpus)  # 1 = taken; bytearray.find checks a range in C
+    used[:first] = b"\x01" * first
+    deg = inst.degrees.tolist()
     out, cursor = [], first
     for j in groups:
-        d = int(inst.degrees[j])
-        start = cursor if _fits(free, cursor, d, cluster) else _scan(free, d, cluster)
+        d = deg[j]
+        start = cursor if _fits(used, cursor, d, cluster) else _scan(used, d, cluster)
         if start is None:
             continue
-        free[start : start + d] = False
+        used[start : start + d] = b"\x01" * d
         out.append((start, j))
         cursor = start + d
     return out
 
 
-def _fits(free, start, d, cluster) -> bool:
-    if start % d or start + d > len(free) or not free[start : start + d].all():
+def _fits(used: bytearray, start: int, d: int, cluster) -> bool:
+    if start % d or start + d > len(used) or used.find(1, start, start + d) >= 0:
         return False
     return d > cluster.gpus_per_node or not cluster.spans_nodes(start, d)
 
 
-def _scan(free, d, cluster):
-    for s in range(0, len(free) - d + 1, d):
-        if _fits(free, s, d, cluster):
+def _scan(used: bytearray, d: int, cluster) -> int | None:
+    for s in range(0, len(used) - d + 1, d):
+        if _fits(used, s, d, cluster):
             return s
     return None
