@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -117,14 +118,24 @@ def _per_segment_hf(module, query, key, value, attention_mask, *, scaling=None, 
     return per_segment_attention(q, k, v, segments=segments, causal=True)[None], None
 
 
-class HFLayerAdapter:
-    """One transformers decoder layer on a packed row: h [1, T, C] (generated on the target
-    device), position_ids [1, T] restarting per sequence, segment ids [T].
+@dataclass(frozen=True)
+class PackedRow:
+    """What every layer of a packed micro-batch shares: position ids [1, T] and segment
+    ids [T] (which sequence each token belongs to)."""
 
-    RoPE's (cos, sin) are computed inside the forward, although the model computes them
-    once per step: their time is negligible next to a layer's, and a checkpointed layer then
-    keeps only h, positions and segment ids, as it does inside the model, where (cos, sin)
-    are shared by every layer."""
+    positions: torch.Tensor
+    segments: torch.Tensor
+
+
+class HFLayerAdapter:
+    """One transformers decoder layer on a packed row. A call is (h [1, T, C], PackedRow):
+    h is drawn on the target device; position ids [1, T] restart per sequence.
+
+    Inside the model, positions, segment ids and RoPE's (cos, sin) are made once per step
+    and shared by every layer, so a checkpointed layer keeps only its h. Here they travel
+    in a non-tensor holder, which torch's checkpoint does not save (it keeps its tensor
+    arguments), and (cos, sin) are computed inside the forward (time negligible next to a
+    layer's): the measured checkpoint bytes are then exactly h's."""
 
     block_type = "layer"
 
@@ -141,11 +152,12 @@ class HFLayerAdapter:
         shape = (1, sum(lengths), self.hidden)
         h = torch.randn(shape, generator=gen, device=device, dtype=dtype).requires_grad_(True)
         self.rotary.to(device)
-        return [(h, pos, seg)]
+        return [(h, PackedRow(pos, seg))]
 
     def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
         outs = []
-        for h, pos, seg in inputs:
+        for h, row in inputs:
+            pos, seg = row.positions, row.segments
             if self.state is not None:
                 self.state.segments = seg
             with torch.no_grad():

@@ -62,11 +62,12 @@ def test_layer_adapter_matches_each_sequence_alone(attention):
     hs, want = _reference(model, lengths)
     target = hf_target(model, attention=attention)
     block = target.blocks["layer"]
-    [(h, pos, seg)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
+    [(h, row)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
+    pos = row.positions
     assert pos[0].tolist() == [*range(5), *range(9), *range(3)]  # restart per sequence
     with torch.no_grad():
         h.copy_(torch.cat(hs, dim=1))
-    got = block.forward([(h, pos, seg)])[0]
+    got = block.forward([(h, row)])[0]
     assert torch.allclose(got, want, rtol=0, atol=1e-10)
     # Packed without per-sequence attention, the second sequence would see the first: the
     # comparison above can fail.
@@ -120,10 +121,10 @@ def test_tiny_profile_loads_into_a_cost_model(tmp_path):
     cost = cost_model_from_profile(path, target.model, cluster_preset("h200x8"))
     assert isinstance(cost, CostModel) and cost.coeffs.source == "profile"
     assert load_profile(path).model == target.model
-    # Checkpoint bytes per token: the layer input h (64 float32) plus positions and segment
-    # ids (int64): 64 * 4 + 8 + 8 = 272; activations are many times that.
-    assert prof.coefficients.ckpt_bytes_per_token_layer == pytest.approx(272)
-    assert prof.coefficients.act_bytes_per_token_layer > 5 * 272
+    # Checkpoint bytes per token: the layer input h alone, 64 float32 = 256 (positions and
+    # segment ids are shared by every layer); activations are many times that.
+    assert prof.coefficients.ckpt_bytes_per_token_layer == pytest.approx(256)
+    assert prof.coefficients.act_bytes_per_token_layer > 5 * 256
     assert prof.fit["layer"]["fwd"]["n_train"] >= 4 and "head" in prof.fit
     # Full depth: the measured layer counted num_layers (= 2) times.
     t = cost.microbatch_time([Sequence(0, (40,))], 1)
