@@ -401,7 +401,15 @@ def profile_model(
 # ---- runtime calibration: a short real run of the executor ------------------------------------
 # Synthetic micro-batches (one sequence or several packed), spread over the profile grid's
 # range and unlike any workload on purpose: they calibrate the runtime, not a benchmark.
-CALIBRATION_1D = (((192,),), ((640,),), ((1280,),), ((160,),) * 4, ((448,),) * 2, ((96,),) * 6)
+CALIBRATION_1D = (
+    ((192,),),
+    ((640,),),
+    ((1280,),),
+    ((160,),) * 4,
+    ((448,),) * 2,
+    ((96,),) * 6,
+    ((896,),) * 2,
+)
 CALIBRATION_2D = (
     ((4, 8, 8),),
     ((16, 8, 8),),

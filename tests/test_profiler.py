@@ -462,3 +462,22 @@ def test_calibrate_tiny_lm_end_to_end_with_two_ranks():
     assert {s["degree"] for s in cal.samples} == {1, 2}
     assert len(cal.samples) == 3 * len(P.CALIBRATION_1D)  # 2 groups at d=1, 1 group at d=2
     assert cal.a2a_bandwidth_bytes_per_s > 0
+
+
+def test_fidelity_cost_uses_the_runtime_calibration():
+    from dataclasses import replace
+
+    from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration
+
+    bench = _bench()
+    clock = FakeClock()
+    target = ProfileTarget(SPEC, {"layer": ChargedBlock(clock)}, signature="fake")
+    prof = P.profile_model(target, SMALL, clock=clock, progress=False)
+    cal = RuntimeCalibration(2, 1.5, 0.01, 1e8, 3e-3, 0.07)
+    a2a = A2AMeasurement(2, 5e8, 2e-4)
+    cost = bench.make_cost(replace(prof, runtime=cal), 2, a2a, grad_sync_s=0.03)
+    assert cost.coeffs == cal.apply(prof.coefficients)
+    assert cost.grad_sync_time() == pytest.approx(0.07)  # the in-situ per-step time
+    assert cost.cluster.intra_node_bw == 1e8 and cost.cluster.intra_node_latency_s == 3e-3
+    iso = bench.make_cost(replace(prof, runtime=cal), 2, a2a, 0.03, calibrated=False)
+    assert iso.coeffs == prof.coefficients and iso.grad_sync_time() == pytest.approx(0.03)
