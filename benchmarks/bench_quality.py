@@ -14,6 +14,8 @@ simulates each plan, and takes the tightest bound), so the figures match `dcp-op
   vs static       median per-batch speedup over static_tuned   (reported, no target)
   online vs long  with --long-batches N > 0: the first N batches planned again by CP-SAT
                   with --long-budget seconds; max over them of online / long - 1  <= 2%
+                  (niced or loaded, the long solve gets less search too; --long-deterministic
+                  counts CP-SAT's deterministic time instead of wall time)
 cpsat runs as online (its default options, or `--budget`); a machine under load gives it less
 search, which only makes its figures conservative.
 JSON: {"config", "rows": [one per workload: workload, kind, num_batches, bound_ratio_median,
@@ -109,7 +111,9 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def long_solves(doc: dict, workload: str, n: int, budget: float, workers: int) -> list[list]:
+def long_solves(
+    doc: dict, workload: str, n: int, budget: float, workers: int, deterministic: bool = False
+) -> list[list]:
     """The first n batches of `workload` planned by CP-SAT with `budget` seconds."""
     kind = Workload.parse(workload).kind
     cluster = cluster_preset(CLUSTER)
@@ -122,7 +126,14 @@ def long_solves(doc: dict, workload: str, n: int, budget: float, workers: int) -
     out = []
     for seed in sorted(online)[:n]:
         batch = standard_batch(workload, seed, num_gpus=cluster.num_gpus)
-        res = run_planner("cpsat", batch, cost, time_limit_s=budget, num_workers=workers)
+        res = run_planner(
+            "cpsat",
+            batch,
+            cost,
+            time_limit_s=budget,
+            num_workers=workers,
+            deterministic=deterministic,
+        )
         long_s = res.predicted_step_time_s
         out.append([seed, online[seed], long_s, online[seed] / long_s])
     return out
@@ -162,6 +173,11 @@ def main(argv=None) -> int:
     ap.add_argument("--long-budget", type=float, default=60.0, help="long CP-SAT solve (s)")
     ap.add_argument("--long-batches", type=int, default=0, help="batches per workload re-solved")
     ap.add_argument("--long-workers", type=int, default=1, help="CP-SAT workers of a long solve")
+    ap.add_argument(
+        "--long-deterministic",
+        action="store_true",
+        help="long solves count CP-SAT's deterministic time (load-independent, slower in wall)",
+    )
     ap.add_argument("--json", metavar="OUT")
     a = ap.parse_args(argv)
     started = time.perf_counter()
@@ -178,7 +194,10 @@ def main(argv=None) -> int:
     if a.long_batches > 0:
         for row in rows:
             w = row["workload"]
-            add_long(row, long_solves(doc, w, a.long_batches, a.long_budget, a.long_workers))
+            long = long_solves(
+                doc, w, a.long_batches, a.long_budget, a.long_workers, a.long_deterministic
+            )
+            add_long(row, long)
             print(f"long solves done: {w}", flush=True)
     print_table(rows)
     all_pass = all(c["pass"] for r in rows for c in r["checks"].values())

@@ -207,14 +207,15 @@ def _lp(batch, cost, upper_s: float, clock: _Clock) -> float | None:
     """The packing-aware LP bound while the budget lasts (the separable part costs ~5 us a
     sequence, HiGHS up to 30 ms on batches of <= LP_MAX_SEQS); None: analytic bound only."""
     left = clock.left()
-    need = LP_PER_SEQ_S * len(batch) * (1.0 if clock.det else clock.slowness())
-    if not (clock.det or len(batch) <= LP_ALWAYS_SEQS or left > need):
+    slow = 1.0 if clock.det else clock.slowness()
+    if not (clock.det or len(batch) <= LP_ALWAYS_SEQS or left > LP_PER_SEQ_S * len(batch) * slow):
         return None
     return lp_bound(
         batch,
         cost,
         upper_s=upper_s,
-        time_limit_s=0.0 if clock.det else min(0.03, left - 0.005),
+        # HiGHS checks its deadline between solves: keep one solve's worth (~10 ms) back.
+        time_limit_s=0.0 if clock.det else min(0.03, left - 0.01 * slow),
         max_lp_seqs=0 if clock.det else LP_MAX_SEQS,
     ).value_s
 

@@ -192,6 +192,23 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
     assert validate(res.plan, batch, cost) == []
 
 
+def test_cpsat_plan_out_of_memory_falls_back(monkeypatch, caplog):
+    # The model's plan (forced to look best) has a micro-batch that does not fit in memory.
+    from dcp_opt.solvers import cpsat
+
+    batch, cost, greedy = _setup()
+    real = cpsat.to_phases
+
+    def misfit(draft, inst, cost):
+        return None if draft.how[0].startswith("cpsat") else real(draft, inst, cost)
+
+    monkeypatch.setattr(cpsat, "to_phases", misfit)
+    monkeypatch.setattr(cx, "draft_finish", lambda d, inst, cost: 0.0)
+    with caplog.at_level(logging.INFO):
+        res = plan_cpsat(batch, cost, time_limit_s=1.0)
+    _assert_fallback(res, greedy, caplog, "does not fit in memory")
+
+
 def test_unplaceable_layout_falls_back(monkeypatch, caplog):
     batch, cost, greedy = _setup()
     monkeypatch.setattr(cx, "extract", lambda *a, **k: None)
