@@ -69,7 +69,13 @@ class Plan:
                     yield p, g, k, mb
 
     def sequence_ids(self) -> list[int]:
-        return [s for _, _, _, mb in self.micro_batches() for s in mb.sequence_ids]
+        return [
+            s
+            for ph in self.phases
+            for g in ph.groups
+            for mb in g.micro_batches
+            for s in mb.sequence_ids
+        ]
 
     def group_of(self, rank: int, phase: int) -> Group:
         for g in self.phases[phase].groups:

@@ -44,9 +44,9 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     tokens = feats[:, -2]
     degrees = cost.cluster.allowed_degrees
     n, nd = len(batch), len(degrees)
-    r_min = np.full((n, nd), -1, dtype=int)
-    time = np.full((n, nd), np.inf)
-    marginal = np.full((n, nd), np.inf)
+    r_min = np.empty((n, nd), dtype=int)
+    time = np.empty((n, nd))
+    marginal = np.empty((n, nd))
     const = np.empty(nd)
     over = cost.coeffs.microbatch_overhead_s
     zero = np.zeros((1, feats.shape[1]))
@@ -54,17 +54,16 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
         r = cost.min_recompute(tokens, d, best_capacity(cost, d))
         ok = r >= 0
         r_min[:, j] = r
-        # time is affine in the features: t(f) = t(0) + marginal(f); one zero row broadcast
-        # against [0, every row's recompute level] gives the empty micro-batch's time (the
-        # constant packed sequences share) and t(0) per row, in one call.
-        t0 = cost.time(zero, d, np.concatenate(([0], r[ok])))
+        # Every row is costed (rows that fit nowhere at r = -1, then masked): cheaper than
+        # copying the rows that fit. time is affine in the features, t(f) = t(0) +
+        # marginal(f); one zero row broadcast against [0, every row's recompute level] gives
+        # the empty micro-batch's time (the constant packed sequences share) and t(0) per
+        # row, in one call.
+        t = cost.time(feats, d, r)
+        t0 = cost.time(zero, d, np.concatenate(([0], r)))
         const[j] = t0[0]
-        if ok.all():  # the common case: no row selection (copies of every feature row)
-            time[:, j] = cost.time(feats, d, r)
-            marginal[:, j] = time[:, j] - t0[1:]
-        elif ok.any():
-            time[ok, j] = cost.time(feats[ok], d, r[ok])
-            marginal[ok, j] = time[ok, j] - t0[1:]
+        time[:, j] = np.where(ok, t, np.inf)
+        marginal[:, j] = np.where(ok, t - t0[1:], np.inf)
     out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
     cost._cache[key] = out
     return out

@@ -76,7 +76,7 @@ class _Groups:
             heaps.setdefault(j, []).append((self.load[g], g))
         for h in heaps.values():
             heapq.heapify(h)
-        keys = sorted(heaps)
+        every = sorted(heaps.items())  # (degree index, its heap)
         load, open_tok, open_idx, bins = self.load, self.open_tok, self.open_idx, self.bins
         cap0, speeds = self.cap0, self.speeds
         const = self.inst.const.tolist()
@@ -95,11 +95,11 @@ class _Groups:
                 packs = r_row[p] == 0 and ot >= 0 and ot + tok <= cap0[g]
                 fin = load[g] + (t_row[p] - const[p] if packs else t_row[p]) / speeds[g]
             if fin is None or fin > target:
-                for jj in keys:
+                for jj, h in every:
                     tj = t_row[jj]
-                    if tj == inf:
+                    if tj == inf or jj == p:  # p was evaluated above
                         continue
-                    gg = heaps[jj][0][1]
+                    gg = h[0][1]
                     ot = open_tok[gg]
                     pk = r_row[jj] == 0 and ot >= 0 and ot + tok <= cap0[gg]
                     f = load[gg] + (tj - const[jj] if pk else tj) / speeds[gg]

@@ -120,7 +120,7 @@ def layout(
             left -= int(deg[j])
     out = [j for j in range(len(deg) - 1, -1, -1) for _ in range(counts[j])]
     # Leftover ranks: the widest group that fits, among degrees some sequence can use.
-    useful = [j for j in range(len(deg)) if np.isfinite(inst.time[:, j]).any()]
+    useful = np.flatnonzero(inst.usable).tolist()
     for j in sorted(useful, key=lambda j: -deg[j]):
         while deg[j] <= left:
             out.append(j)
