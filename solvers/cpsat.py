@@ -74,7 +74,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
-from scipy.optimize import linprog  # noqa: F401 (HiGHS loads with the planner: ~1.5 s once, never inside a budget)
+from scipy.optimize import linprog  # noqa: F401 (HiGHS loads here, ~1.5 s once, not in a budget)
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
@@ -272,7 +272,7 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
         return None, "fallback", "fallback: CP-SAT models homogeneous clusters; greedy plan"
     if c.num_gpus > MAX_MODEL_GPUS:
         return None, "feasible", "greedy block plan (cluster too large for the model)"
-    reserve = (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness()
+    reserve = _reserve(len(inst.ids), clock)
     no_time = None, "feasible", "no time left for CP-SAT; greedy plan"
     if clock.left() - reserve < MIN_SOLVE_S:
         return no_time
@@ -290,7 +290,7 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
     p.cp_model_presolve = clock.limit_s >= FULL_MODEL_S
     for key, value in params.items():
         setattr(p, key, value)
-    left = clock.left() - (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness()
+    left = clock.left() - _reserve(len(inst.ids), clock)
     if clock.det:
         p.max_deterministic_time = max(clock.limit_s, 0.01)
     elif left < MIN_SOLVE_S:
@@ -311,6 +311,11 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
         return _pick(solver, data, v, inst, cost, best, clock, name)
 
 
+def _reserve(num_seqs: int, clock: _Clock) -> float:
+    """Wall time kept back for the stages after CP-SAT, scaled by this call's slowness."""
+    return (RESERVE_S + RESERVE_PER_SEQ_S * num_seqs) * clock.slowness()
+
+
 def _no_solution(name: str):
     """UNKNOWN is the budget running out before CP-SAT had a solution: expected, INFO.
     INFEASIBLE or MODEL_INVALID mean the model is wrong (the hint is a solution): WARNING."""
@@ -327,7 +332,7 @@ def _pick(solver, data, v, inst, cost, best: Draft, clock: _Clock, name: str):
         return None, "fallback", "fallback: CP-SAT layout could not be placed"
     placed, pref, own = got
     options = [own]
-    if clock.left() > (RESERVE_S + RESERVE_PER_SEQ_S * len(inst.ids)) * clock.slowness():
+    if clock.left() > _reserve(len(inst.ids), clock):
         options.append(
             _relist(inst, cost.cluster, placed, pref, own, solver.value(v.m) * data.unit)
         )
