@@ -103,11 +103,15 @@ def load_hf_config(ref: str):
     return cfg
 
 
-def _per_segment_hf(module, query, key, value, attention_mask, *, scaling=None, segments=None, **_):
+def _per_segment_hf(
+    module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, segments=None, **_
+):
     """transformers attention function: query [1, H, T, Dh], key/value [1, H_kv, T, Dh];
     block-diagonal causal attention by `segments` ([T]); returns ([1, T, H, Dh], None)."""
     if segments is None or query.shape[0] != 1:
         raise RuntimeError(f"{ATTN_PER_SEGMENT}: needs a packed row [1, T] and `segments`")
+    if dropout:  # as runtime.hf.dcp_attention: the runtime does not support it either
+        raise ValueError(f"attention_dropout: {dropout} not supported; allowed: 0")
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: repeat kv heads, as
     q = query[0].transpose(0, 1)  # runtime.hf.dcp_attention does
     k = key[0].repeat_interleave(groups, dim=0).transpose(0, 1)

@@ -273,7 +273,7 @@ def summary_rows(result: dict, reference) -> list[list[str]]:
 
 
 HEADER = ["model", "block", "points", "fwd err", "bwd err", "fwd R2", "act B/tok/layer",
-          "ckpt B/tok/layer", "peak GiB", "ref: fwd+bwd ms/layer", "wall s"]  # fmt: skip
+          "ckpt B/tok/layer", "peak GiB", "ref: fwd+bwd ms/block", "wall s"]  # fmt: skip
 
 
 def print_table(rows: list[list[str]]) -> None:
@@ -297,6 +297,8 @@ def parse_args(argv):
     p.add_argument("--out-dir", default=str(ROOT / "dcp_opt" / "presets"), help="where to write")
     p.add_argument("--models", default=",".join(JOBS), help=f"comma list of {list(JOBS)}")
     p.add_argument("--force", action="store_true", help="overwrite existing profiles")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                   help="default: bfloat16 on CUDA, float32 with --smoke")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=420.0,
                    help="skip a model not yet started after this many seconds (default 420)")  # fmt: skip
     p.add_argument("--progress", action="store_true", help="show the profiler's progress bar")
@@ -319,7 +321,7 @@ def main(argv=None) -> int:
         print("gpu_preset: no CUDA device; run with --smoke on a CPU", file=sys.stderr)
         return 2
     clock = CpuClock() if args.smoke else CudaClock()
-    dtype = torch.float32 if args.smoke else torch.bfloat16
+    dtype = getattr(torch, args.dtype or ("float32" if args.smoke else "bfloat16"))
     name = (platform.processor() or "cpu") if args.smoke else torch.cuda.get_device_name()
     prefix = prefix_for(name, args.smoke)
     out_dir = Path(args.out_dir)

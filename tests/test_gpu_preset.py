@@ -32,6 +32,7 @@ RUN_BARE = (
 def test_smoke_run_writes_loadable_presets(tmp_path):
     out = tmp_path / "presets"
     argv = [sys.executable, "-c", RUN_BARE, str(SCRIPT), "--smoke", "--out-dir", str(out)]
+    argv += ["--dtype", "bfloat16"]  # the GPU run's dtype (CPU bf16 is slow, sizes are tiny)
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "bootstrapped" in proc.stdout  # imported from the checkout, not the install
@@ -44,10 +45,11 @@ def test_smoke_run_writes_loadable_presets(tmp_path):
         assert prof.model.num_layers == {"llama-7b": 32, "stdit3-xl": 28}[key]
         assert list(prof.coefficients.blocks) == blocks
         cost = cost_model_from_profile(path, prof.model, cluster_preset("h200x8"))
-        # A checkpointed layer keeps only its input tokens (float32 here): hidden * 4 bytes;
-        # what every layer shares (caption, positions) is not counted per layer.
-        assert cost.coeffs.ckpt_bytes_per_token_layer == pytest.approx(prof.model.hidden * 4)
-        assert cost.coeffs.act_bytes_per_token_layer > 4 * prof.model.hidden * 4
+        # A checkpointed layer keeps only its input tokens (bf16): hidden * 2 bytes; what
+        # every layer shares (caption, positions) is not counted per layer.
+        assert prof.model.dtype_bytes == 2
+        assert cost.coeffs.ckpt_bytes_per_token_layer == pytest.approx(prof.model.hidden * 2)
+        assert cost.coeffs.act_bytes_per_token_layer > 4 * prof.model.hidden * 2
         points = json.loads((out / f"smoke-cpu_{key}.points.json").read_text())
         assert {p["recompute"] for p in points.values()} == {False, True}
         for block in blocks:  # one summary row per block
