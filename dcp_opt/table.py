@@ -49,21 +49,22 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     marginal = np.empty((n, nd))
     const = np.empty(nd)
     over = cost.coeffs.microbatch_overhead_s
-    zero = np.zeros((1, feats.shape[1]))
+    # time is affine in the features, t(f) = t(0) + marginal(f), so marginal = t - t(0) at
+    # the row's recompute level. One cost call per degree prices the sequences and, below
+    # them, an empty micro-batch at every level r = 0..L (level 0: the constant that packed
+    # sequences share). Rows that fit nowhere (r = -1) are priced too, then masked: cheaper
+    # than copying the rows that fit.
+    levels = np.arange(cost.model.num_layers + 1)
+    rows = np.vstack([feats, np.zeros((len(levels), feats.shape[1]))])
     for j, d in enumerate(degrees):
         r = cost.min_recompute(tokens, d, best_capacity(cost, d))
         ok = r >= 0
+        t_all = cost.time(rows, d, np.concatenate([r, levels]))
+        t, empty = t_all[:n], t_all[n:]
         r_min[:, j] = r
-        # Every row is costed (rows that fit nowhere at r = -1, then masked): cheaper than
-        # copying the rows that fit. time is affine in the features, t(f) = t(0) +
-        # marginal(f); one zero row broadcast against [0, every row's recompute level] gives
-        # the empty micro-batch's time (the constant packed sequences share) and t(0) per
-        # row, in one call.
-        t = cost.time(feats, d, r)
-        t0 = cost.time(zero, d, np.concatenate(([0], r)))
-        const[j] = t0[0]
+        const[j] = empty[0]
         time[:, j] = np.where(ok, t, np.inf)
-        marginal[:, j] = np.where(ok, t - t0[1:], np.inf)
+        marginal[:, j] = np.where(ok, t - empty[r], np.inf)
     out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
     cost._cache[key] = out
     return out
