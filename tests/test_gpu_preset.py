@@ -83,3 +83,19 @@ def test_device_prefix():
     assert mod.prefix_for("NVIDIA H200", smoke=False) == "h200"
     assert mod.prefix_for("NVIDIA A100-SXM4-80GB", smoke=False) == "nvidia-a100-sxm4-80gb"
     assert mod.prefix_for("NVIDIA H200", smoke=True) == "smoke-cpu"
+
+
+def test_full_size_stdit_target_is_the_stdit3_xl_preset():
+    # The GPU run's STDiT3-XL-like target, built at full width (weights moved to the meta
+    # device): its layer shape must be dcp_opt's preset, so the written preset loads for it.
+    import torch
+
+    from dcp_opt import model_preset
+    from dcp_opt.profile_io import layer_fingerprint
+
+    target = _script().build("stdit3-xl", smoke=False, dtype=torch.bfloat16, device="meta")
+    preset = model_preset("opensora-stdit3-xl")
+    assert layer_fingerprint(target.model) == layer_fingerprint(preset)
+    assert (target.model.num_layers, target.model.text_tokens) == (28, 300)
+    assert target.blocks["spatial"].text.shape == (300, 1152)
+    assert target.model.dtype_bytes == 2
