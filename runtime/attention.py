@@ -19,10 +19,12 @@ def segment_attention(
     *,
     segments: torch.Tensor,
     causal: bool = True,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Block-diagonal attention over a packed stream. q, k, v: [T, H, Dh]; segments: [T]
     (one id per packed sequence, padding has its own id). Sequences are contiguous in the
-    stream, so causality inside a segment is causality by stream index.
+    stream, so causality inside a segment is causality by stream index. `scale`: the softmax
+    scale (None: 1/sqrt(Dh), SDPA's default).
 
     Computed one segment at a time: cost sum s^2 rather than (sum s)^2, which is what the cost
     model assumes of a packed micro-batch (as FlashAttention's varlen kernels do; Dao 2023,
@@ -33,13 +35,14 @@ def segment_attention(
         raise ValueError(f"segments: length {segments.shape[0]} must equal sequence length {t}")
     ids, counts = torch.unique_consecutive(segments, return_counts=True)
     if ids.numel() != torch.unique(ids).numel():
-        return _masked_segment_attention(q, k, v, segments=segments, causal=causal)
+        return _masked_segment_attention(q, k, v, segments=segments, causal=causal, scale=scale)
     outs = [
         F.scaled_dot_product_attention(
             qs.transpose(0, 1)[None],
             ks.transpose(0, 1)[None],
             vs.transpose(0, 1)[None],
             is_causal=causal,
+            scale=scale,
         )[0].transpose(0, 1)
         for qs, ks, vs in zip(
             q.split(counts.tolist()),
@@ -51,13 +54,13 @@ def segment_attention(
     return torch.cat(outs)
 
 
-def _masked_segment_attention(q, k, v, *, segments, causal: bool):
+def _masked_segment_attention(q, k, v, *, segments, causal: bool, scale: float | None = None):
     t = q.shape[0]
     mask = segments[:, None] == segments[None, :]
     if causal:
         mask = mask & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
     )
     return out.transpose(0, 1)
 

@@ -6,7 +6,8 @@ Nothing in the model changes class or parameter names:
 - attention: `parallelize_hf` registers one function, "dcp_ulysses", in transformers'
   attention-function registry (`AttentionInterface.register`) and sets
   `config._attn_implementation` to it. The function runs Ulysses (runtime/sp.py) over the
-  active group with block-diagonal causal masking over the packed stream, so packed
+  active group with causal attention inside each packed sequence (one kernel call per
+  sequence, runtime/attention.py:segment_attention), so packed
   sequences never see each other. transformers builds no mask for a registered function that
   has no mask function (masking_utils `_preprocess_mask_arguments` exits early), so the
   packed layout is described only by the segment ids the task stores in `SPState`.
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from .attention import segment_attention
 from .parallelize import SPState
 from .sp import shard_bounds, ulysses_attention
 from .tasks import LMTask, _token_weight
@@ -40,14 +42,10 @@ _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _local_attention(q, k, v, *, segments, scaling: float):
-    """Causal attention inside each segment of a packed stream. q, k, v: [T, H, Dh]."""
-    t = q.shape[0]
-    mask = segments[:, None] == segments[None, :]
-    mask = mask & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scaling
-    )
-    return out.transpose(0, 1)
+    """Causal attention inside each segment of a packed stream. q, k, v: [T, H, Dh]. One
+    kernel call per segment (cost sum s^2, as the cost model assumes), the same kernel as the
+    runtime's own models."""
+    return segment_attention(q, k, v, segments=segments, causal=True, scale=scaling)
 
 
 def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **_):
