@@ -160,6 +160,39 @@ def microbatch_samples(cost, batch, runs, clock: str) -> list[tuple[int, float, 
     return out
 
 
+def microbatch_breakdown(cost, iso, batch, runs) -> list[dict]:
+    """Per micro-batch (group leader): where it ran, its shape, both predictions and both
+    measurements (median over steps): the per-plan breakdown behind a step's error."""
+    by: dict[tuple, dict] = {}
+    for rank, res in enumerate(runs):
+        for step in res["micro_batches"]:
+            for ph, start, d, k, ids, r, wall, cpu in step:
+                if rank == start:
+                    e = by.setdefault(
+                        (ph, start, k), {"ids": ids, "d": d, "r": r, "w": [], "c": []}
+                    )
+                    e["w"].append(wall)
+                    e["c"].append(cpu)
+    out = []
+    for (ph, start, _k), e in sorted(by.items()):
+        seqs = [batch.by_id[i] for i in e["ids"]]
+        out.append(
+            {
+                "phase": ph,
+                "start_rank": start,
+                "degree": e["d"],
+                "lengths": [s.shape[0] for s in seqs],
+                "predicted_s": cost.microbatch_time(
+                    seqs, e["d"], e["r"], spans_nodes=False
+                ).total_s,
+                "isolated_s": iso.microbatch_time(seqs, e["d"], e["r"], spans_nodes=False).total_s,
+                "wall_s": statistics.median(e["w"]),
+                "cpu_s": statistics.median(e["c"]),
+            }
+        )
+    return out
+
+
 def measured_steps(runs, steps: int) -> dict[str, list[float]]:
     """Per measured step. wall: the executor's step time, slowest rank. cpu: the slowest
     rank's CPU time in micro-batches plus the gradient all-reduce (fastest rank's wait for
@@ -242,6 +275,11 @@ def run_one(args, workers, F, costs, rcs, batch, name, b) -> dict:
         "predicted_s": before,
         "predicted_isolated_s": isolated,
         "check_s": statistics.median(c for r in runs for c in r["check_s"]),
+        "micro_batches": microbatch_breakdown(cost, iso, batch, runs),
+        "rank_busy_s": [  # per rank, median over steps of its micro-batches' wall time
+            statistics.median(sum(m[6] for m in step) for step in r["micro_batches"]) for r in runs
+        ],
+        "rank_step_s": [statistics.median(r["step_s"]) for r in runs],
     }
     for clock, steps in measured_steps(runs, args.steps).items():
         # Each clock's own predictor: the runtime calibration measures the executor's wall
