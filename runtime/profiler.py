@@ -17,6 +17,12 @@ Fitting (dcp_opt.fit) gives per-layer coefficients; the CostModel multiplies the
 full model's depth (the extrapolation: one layer measured, L layers predicted, as the
 published profiler extrapolates two layers linearly). Measured points are cached in a JSON
 file keyed by what was measured, so a re-run only measures new points.
+
+Runtime calibration (`calibrate_runtime`): where the runtime's executor can run the model at
+world W, a short real run on synthetic micro-batches measures what isolated blocks do not see
+(other ranks' load, per-micro-batch framework work, the all-to-all as the runtime pays it,
+the per-step gradient sum) and stores it as the profile's `runtime` section
+(dcp_opt.profile_io.RuntimeCalibration), which cost_model_from_profile applies.
 """
 
 from __future__ import annotations
