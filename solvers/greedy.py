@@ -65,10 +65,14 @@ class _Groups:
         self.open_tok = [-1.0] * len(placed)  # tokens of the open bin; -1 = none
         self.open_idx = [-1] * len(placed)
 
-    def one_by_one(self, order: np.ndarray, pref: np.ndarray, target: float, eft: bool) -> bool:
+    def one_by_one(
+        self, order: np.ndarray, pref: np.ndarray, target: float, eft: bool, cutoff: float
+    ) -> bool:
         """LPT with earliest finish: the least-loaded group of the preferred degree if it
         meets the target, else the group (of any degree) that finishes the sequence first.
-        (`eft` is accepted for the callers; every sequence takes the same rule.)
+        (`eft` is accepted for the callers; every sequence takes the same rule.) False once
+        a group would finish at or after `cutoff`: loads only grow, so the draft could not
+        beat the plan that set it, and the rest of the pass is skipped.
         One Python loop over plain lists: this is the greedy planner's hot path."""
         inf = float("inf")
         heaps: dict[int, list] = {}
@@ -105,7 +109,7 @@ class _Groups:
                     f = load[gg] + (tj - const[jj] if pk else tj) / speeds[gg]
                     if fin is None or f < fin:
                         fin, j, g, packs = f, jj, gg, pk
-            if fin is None:
+            if fin is None or fin >= cutoff:
                 return False
             if packs:  # into the group's open bin: the per-micro-batch constant is shared
                 bins[g][open_idx[g]][0].append(i)
@@ -130,13 +134,14 @@ def present_pref(inst: Instance, pref: np.ndarray, present: set, target: float) 
     return np.where(have[pref], pref, preferred_degrees(inst, target, have))
 
 
-def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False):
-    """Longest first into the placed groups. Returns (bins per group, loads) or None."""
+def assign(inst, items, pref, placed, target, speeds, cap0, base=0.0, eft=False, *, cutoff=np.inf):
+    """Longest first into the placed groups. Returns (bins per group, loads), or None if a
+    sequence fits no group or a group would finish at or after `cutoff`."""
     st = _Groups(inst, placed, speeds, cap0, base)
     pref = present_pref(inst, pref, {j for _, j in placed}, target)
     tp = inst.time[items, pref[items]]
     order = items[np.argsort(-tp, kind="stable")]
-    if not st.one_by_one(order, pref, target, eft):
+    if not st.one_by_one(order, pref, target, eft, cutoff):
         return None
     return st.bins, st.load  # bins as [indices, r] lists (unpacked like tuples)
 
@@ -175,17 +180,27 @@ def _narrow_time(inst: Instance) -> np.ndarray:
 
 
 def draft_for(
-    inst: Instance, cluster, target: float, two_phase: bool, eft: bool = False, spec=None
+    inst: Instance,
+    cluster,
+    target: float,
+    two_phase: bool,
+    eft: bool = False,
+    spec=None,
+    *,
+    cutoff: float = np.inf,
 ) -> Draft | None:
     """One candidate plan for target makespan `target` (eft: every sequence to the group
-    that finishes it first, ignoring the preferred degree)."""
+    that finishes it first, ignoring the preferred degree); None if it cannot finish before
+    `cutoff`."""
     spec = spec or spec_for(inst, cluster, target, two_phase)
     if spec is None:
         return None
     phase0, base, items, pref, placed = spec
     if len(items) == 0:
         return Draft(phase0, [], base)
-    return _assign_draft(inst, cluster, items, pref, placed, target, phase0, base, eft)
+    return _assign_draft(
+        inst, cluster, items, pref, placed, target, phase0, base, eft, cutoff=cutoff
+    )
 
 
 def _widest_start(cluster, d: int) -> int:
@@ -194,13 +209,13 @@ def _widest_start(cluster, d: int) -> int:
 
 
 def _assign_draft(
-    inst, cluster, items, pref, placed, target, phase0, base, eft=False
+    inst, cluster, items, pref, placed, target, phase0, base, eft=False, *, cutoff=np.inf
 ) -> Draft | None:
     if not placed:
         return None
     speeds = np.array([cluster.group_speed(s, int(inst.degrees[j])) for s, j in placed])
     cap0 = _group_cap0(inst, cluster, placed)
-    out = assign(inst, items, pref, placed, target, speeds, cap0, base, eft)
+    out = assign(inst, items, pref, placed, target, speeds, cap0, base, eft, cutoff=cutoff)
     if out is None:
         return None
     bins, load = out
@@ -249,7 +264,7 @@ def to_phases(draft: Draft, inst: Instance, cost: CostModel) -> list[list[Group]
     return phases
 
 
-def uniform_draft(inst: Instance, cluster, j: int) -> Draft | None:
+def uniform_draft(inst: Instance, cluster, j: int, *, cutoff: float = np.inf) -> Draft | None:
     """Every group of degree j (a sequence that does not fit there picks another group)."""
     d = int(inst.degrees[j])
     if not inst.usable[j]:
@@ -259,7 +274,7 @@ def uniform_draft(inst: Instance, cluster, j: int) -> Draft | None:
     items = np.arange(len(inst.ids))
     # Target inf: with one degree the preferred group is always the earliest finish, so
     # no sequence needs the fallback scan.
-    return _assign_draft(inst, cluster, items, pref, placed, np.inf, [], 0.0)
+    return _assign_draft(inst, cluster, items, pref, placed, np.inf, [], 0.0, cutoff=cutoff)
 
 
 def uniform_bounds(inst: Instance) -> np.ndarray:
@@ -275,11 +290,23 @@ def search(inst: Instance, cluster) -> list[Draft]:
     workloads' winners fell (targets as multiples of the bound's finish); a uniform layout
     whose cheap bound cannot beat the best so far is skipped."""
     drafts = [safe_draft(inst, cluster)]
+    best = drafts[0].finish_s
+    # Only the best draft is used where every group has the same memory (to_phases then
+    # accepts every draft), so a candidate stops as soon as it cannot beat the best so far.
+    prune = cluster.memory_per_rank is None
     seen: set = set()
     big = len(inst.ids) > FAST_N  # many sequences balance well: fewer candidates
     grid_pref, grid_eft, refine = (
         (GRID_PREF[:1], (), REFINE[-1:]) if big else (GRID_PREF, GRID_EFT, REFINE)
     )
+
+    def keep(d: Draft | None, how: tuple) -> None:
+        nonlocal best
+        if d is not None:
+            d.how = how
+            drafts.append(d)
+            best = min(best, d.finish_s)
+
     for f, eft in [(f, False) for f in grid_pref] + [(f, True) for f in grid_eft]:
         for two in (False, True):
             spec = spec_for(inst, cluster, inst.finish_lb * f, two)
@@ -290,29 +317,23 @@ def search(inst: Instance, cluster) -> list[Draft]:
             if key in seen:
                 continue
             seen.add(key)
-            d = draft_for(inst, cluster, inst.finish_lb * f, two, eft, spec)
-            if d is not None:
-                d.how = ("target", f, two, eft)
-                drafts.append(d)
-    best = min(d.finish_s for d in drafts if d is not None)
+            cut = best if prune else np.inf
+            d = draft_for(inst, cluster, inst.finish_lb * f, two, eft, spec, cutoff=cut)
+            keep(d, ("target", f, two, eft))
     bounds = uniform_bounds(inst).tolist()
     for j in np.argsort(bounds, kind="stable").tolist():
         if bounds[j] < best:
-            d = uniform_draft(inst, cluster, j)
-            if d is not None:
-                d.how = ("uniform", j)
-                drafts.append(d)
-                best = min(best, d.finish_s)
+            keep(uniform_draft(inst, cluster, j, cutoff=best if prune else np.inf), ("uniform", j))
     # Refine: aim just under the best finish found (the grid is anchored on the bound, which
     # can sit far below what any plan reaches).
     for f in refine:
         f_abs = best * f / inst.finish_lb
-        d = draft_for(inst, cluster, inst.finish_lb * f_abs, False)
-        if d is not None:
-            d.how = ("target", f_abs, False, False)
-            drafts.append(d)
-            best = min(best, d.finish_s)
-    return sorted((d for d in drafts if d is not None), key=lambda d: d.finish_s)
+        cut = best if prune else np.inf
+        keep(
+            draft_for(inst, cluster, inst.finish_lb * f_abs, False, cutoff=cut),
+            ("target", f_abs, False, False),
+        )
+    return sorted(drafts, key=lambda d: d.finish_s)
 
 
 def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
