@@ -1,6 +1,7 @@
 """`dcp-opt profile`: measure a model's blocks on this device, fit, write a profile JSON.
 
     dcp-opt profile --target tiny-lm -o tiny-lm.profile.json [--force] [--a2a-world 2]
+                    [--calibrate-world 2]
     dcp-opt profile --model hf:llama-7b --dtype bfloat16 -o llama-7b.profile.json
 
 `--model hf:<name-or-path>` profiles a Hugging Face causal LM (runtime/profile_hf.py): a
@@ -56,6 +57,14 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
     p.add_argument("--a2a-world", type=int, default=0, help="measure local gloo all-to-all")
+    p.add_argument(
+        "--calibrate-world",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tiny-lm on CPU: run the real executor in N local gloo ranks and store the runtime "
+        "calibration (per-micro-batch and per-step overheads, in-situ all-to-all)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the fit report as JSON")
     p.set_defaults(func=cmd_profile)
@@ -122,6 +131,34 @@ def _config(args: argparse.Namespace):
     return ProfileConfig(grid=grid, num_threads=args.threads, passes=1 if args.quick else 2)
 
 
+def _check_calibration(args: argparse.Namespace, device: str) -> None:
+    """Refused before anything is measured: the calibration runs the runtime's own TinyLM."""
+    n = args.calibrate_world
+    if n == 0:
+        return
+    if n < 2:
+        raise DcpOptError(f"--calibrate-world: {n} not allowed; allowed: 0 (off) or >= 2 ranks")
+    if args.model is not None or args.target != "tiny-lm" or device != "cpu":
+        raise DcpOptError(
+            "--calibrate-world: supported for --target tiny-lm on --device cpu only (it runs "
+            "the runtime's executor on gloo); other models: see docs/profiler.md, "
+            "'runtime calibration'"
+        )
+
+
+def _calibrate(args: argparse.Namespace, prof):
+    from dcp_opt.runtime.fidelity import calibrate_tiny_lm
+
+    cfg = dict(
+        vocab_size=512,
+        hidden=args.hidden,
+        num_heads=args.heads,
+        num_layers=args.layers,
+        ffn_hidden=args.ffn,
+    )
+    return calibrate_tiny_lm(prof, cfg, args.calibrate_world, attention=args.attention)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     out = _check_output(args)
     import torch
@@ -132,6 +169,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
         raise DcpOptError(f"--device: {device!r} not available; allowed: cpu, cuda (with a GPU)")
+    _check_calibration(args, device)
     target, dtype = _target(args, device)
     clock = CudaClock() if device == "cuda" else CpuClock()
     if device == "cuda":
@@ -155,6 +193,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             a2a=a2a,
         )
+    if args.calibrate_world:
+        prof = _calibrate(args, prof)
     save_profile(prof, out, force=args.force)
     _report(prof, out, [str(w.message) for w in caught], as_json=args.json)
     return 0

@@ -310,6 +310,37 @@ def test_cli_profiles_writes_and_loads(tmp_path, capsys):
     assert (tmp_path / "p.json.points.json").exists()
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--calibrate-world", "1"], "--calibrate-world: 1 not allowed; allowed: 0 (off) or >= 2"),
+        (["--calibrate-world", "2", "--target", "tiny-dit"], "--target tiny-lm on --device cpu"),
+    ],
+)
+def test_cli_calibration_refused_before_measuring(tmp_path, capsys, extra, message):
+    from dcp_opt.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "-o", str(out), "--quick", *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "p.json.points.json").exists()
+
+
+@pytest.mark.dist
+def test_cli_calibrate_world_stores_the_runtime_calibration(tmp_path, capsys):
+    from dcp_opt.cli import main
+    from dcp_opt.profile_io import load_profile
+
+    out = tmp_path / "p.json"
+    argv = ["profile", "-o", str(out), "--quick", "--no-progress", "--json", "--no-cache"]
+    argv += ["--hidden", "16", "--ffn", "32", "--heads", "2", "--layers", "2"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a quick grid's fit may be flagged as poor
+        assert main([*argv, "--calibrate-world", "2"]) == 0
+    cal = load_profile(out).runtime
+    assert cal is not None and cal.world == 2 and {s["degree"] for s in cal.samples} == {1, 2}
+
+
 # ---- fidelity benchmark helpers --------------------------------------------------------
 def _bench():
     import importlib.util
