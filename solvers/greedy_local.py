@@ -40,7 +40,7 @@ def improve(inst: Instance, cluster, draft: Draft) -> Draft:
         return draft
     best = draft
     layout = Counter(j for _, j, _ in draft.groups)
-    usable = np.isfinite(inst.time).any(axis=0)
+    usable = inst.usable
     items = np.arange(len(inst.ids))
     moves = 0
     improved = True

@@ -89,12 +89,21 @@ class Draft:
 # ---- step 1: degrees ------------------------------------------------------------------
 def preferred_degrees(inst: Instance, target: float, usable: np.ndarray) -> np.ndarray:
     """Index of the least-work degree finishing within `target`, else the fastest one."""
-    t = np.where(usable[None, :], inst.time, np.inf)
-    work = np.where(t <= target, t * inst.degrees[None, :], np.inf)
+    if usable is inst.usable:  # the search's case: its tables are made once per instance
+        t, work_all, fastest = inst.memo("pref", lambda: _pref_tables(inst, usable))
+    else:
+        t, work_all, fastest = _pref_tables(inst, usable)
+    work = np.where(t <= target, work_all, np.inf)
     pref = np.argmin(work, axis=1)
     none = ~np.isfinite(work[np.arange(len(pref)), pref])
-    pref[none] = np.argmin(t[none], axis=1)
+    pref[none] = fastest[none]
     return pref
+
+
+def _pref_tables(inst: Instance, usable: np.ndarray):
+    """(time at usable degrees, GPU-work d * t there, fastest usable degree per sequence)."""
+    t = np.where(usable[None, :], inst.time, np.inf)
+    return t, t * inst.degrees[None, :], np.argmin(t, axis=1)
 
 
 # ---- step 2: layout -------------------------------------------------------------------
@@ -114,18 +123,20 @@ def layout(
         frac = frac * ranks / need
     counts = np.floor(frac).astype(int)
     left = ranks - int((counts * deg).sum())
-    for j in np.argsort(-(frac - counts) * deg, kind="stable"):
-        if frac[j] > counts[j] and deg[j] <= left:
-            counts[j] += 1
-            left -= int(deg[j])
-    out = [j for j in range(len(deg) - 1, -1, -1) for _ in range(counts[j])]
+    order = np.argsort(-(frac - counts) * deg, kind="stable").tolist()
+    frac_l, counts_l, deg_l = frac.tolist(), counts.tolist(), deg.tolist()  # scalar reads
+    for j in order:
+        if frac_l[j] > counts_l[j] and deg_l[j] <= left:
+            counts_l[j] += 1
+            left -= deg_l[j]
+    out = [j for j in range(len(deg_l) - 1, -1, -1) for _ in range(counts_l[j])]
     # Leftover ranks: the widest group that fits, among degrees some sequence can use.
     useful = np.flatnonzero(inst.usable).tolist()
-    for j in sorted(useful, key=lambda j: -deg[j]):
-        while deg[j] <= left:
+    for j in sorted(useful, key=lambda j: -deg_l[j]):
+        while deg_l[j] <= left:
             out.append(j)
-            left -= int(deg[j])
-    return sorted(out, key=lambda j: -deg[j])
+            left -= deg_l[j]
+    return sorted(out, key=lambda j: -deg_l[j])
 
 
 def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tuple[int, int]]:
@@ -148,7 +159,9 @@ def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tu
 def _fits(used: bytearray, start: int, d: int, cluster) -> bool:
     if start % d or start + d > len(used) or used.find(1, start, start + d) >= 0:
         return False
-    return d > cluster.gpus_per_node or not cluster.spans_nodes(start, d)
+    gpn = cluster.gpus_per_node
+    # An aligned group whose degree divides the node size stays inside one node.
+    return d > gpn or gpn % d == 0 or not cluster.spans_nodes(start, d)
 
 
 def _scan(used: bytearray, d: int, cluster) -> int | None:
