@@ -352,11 +352,12 @@ def _llama7b_3x4(memory_bytes: float) -> CostModel:
     return CostModel(model_preset("llama-7b"), c, usable_memory_fraction=0.7)
 
 
-@pytest.mark.xfail(strict=True, reason="greedy is not monotone in memory (found by hypothesis)")
 @pytest.mark.parametrize("name", [p for p in ("greedy",) if p in PLANNERS])
 def test_greedy_more_memory_pinned(name):
-    # Doubling memory (219 -> 439 GB per GPU) changes greedy's chosen candidate and its
-    # predicted step grows 47.81 s -> 49.31 s (+3.1 %); cpsat predicts 47.81 s for both.
+    # Found by hypothesis: doubling memory (219 -> 439 GB per GPU) changed greedy's chosen
+    # candidate and its predicted step grew 47.81 s -> 49.31 s (+3.1 %); cpsat predicts
+    # 47.81 s for both. Fixed by the 1.01 target in greedy's grid (ba102f1). Greedy stays a
+    # heuristic whose monotonicity in memory is not guaranteed: no property asserts it.
     batch = Batch.from_lengths([8192, 114126, *[1] * 10, 32768, 1, 65536])
     small = run(name, hs.Instance(_llama7b_3x4(219342857142.85715), batch))
     big = run(name, hs.Instance(_llama7b_3x4(2 * 219342857142.85715), batch))
