@@ -246,7 +246,7 @@ def test_planner_is_deterministic_and_round_trips(name):
     budgeted(name, prop)()
 
 
-# greedy is a heuristic and is not monotone in memory: see the pinned example below.
+# greedy is a heuristic: monotonicity in memory is not guaranteed (regression example below).
 MONOTONE_IN_MEMORY = [p for p in ("cpsat",) if p in PLANNERS]
 MEMORY_NOISE = 1e-6
 
