@@ -53,6 +53,11 @@ GRID_EFT = (1.0,)
 REFINE = (0.97, 0.99)  # then targets just under the best finish so far
 FAST_N = 300  # above this many sequences: one target, one refinement, the uniform layouts
 UNIFORM_FIRST = 0.01  # see _uniform_first
+# Above FAST_N, once the best is within this share of the analytic bound, the candidates
+# still to come (uniform layouts after the grid, refinement) are skipped: they can gain at
+# most that much, and on the standard workloads (64-128 GPUs, 320-1024 sequences) they
+# gained 0.05 % median (0.6 % at most) for one to two assignment passes.
+CLOSE_ENOUGH = 0.02
 
 # ---- steps 3 and 4: assignment and packing ---------------------------------------------
 
@@ -336,7 +341,8 @@ class _Kept:
 def search(inst: Instance, cluster) -> list[Draft]:
     """Candidate drafts, best (lowest finish) first. The grids are where the standard
     workloads' winners fell (targets as multiples of the bound's finish); a uniform layout
-    whose cheap bound cannot beat the best so far is skipped."""
+    whose cheap bound cannot beat the best so far is skipped, and so is everything after
+    the grid for a large batch whose best is already CLOSE_ENOUGH to the bound."""
     kept = _Kept(inst, cluster)
     big = len(inst.ids) > FAST_N  # many sequences balance well: fewer candidates
     grid_pref, grid_eft, refine = (
@@ -344,15 +350,20 @@ def search(inst: Instance, cluster) -> list[Draft]:
     )
     grid = [(f, False) for f in grid_pref] + [(f, True) for f in grid_eft]
     bounds = uniform_bounds(inst)
+
+    def close() -> bool:
+        return big and kept.best <= inst.finish_lb * (1 + CLOSE_ENOUGH)
+
     if _uniform_first(inst, cluster, bounds):
         _uniform_stage(inst, cluster, kept, bounds)
         _grid_stage(inst, cluster, kept, grid)
     else:
         _grid_stage(inst, cluster, kept, grid)
-        _uniform_stage(inst, cluster, kept, bounds)
+        if not close():
+            _uniform_stage(inst, cluster, kept, bounds)
     # Refine: aim just under the best finish found (the grid is anchored on the bound, which
     # can sit far below what any plan reaches).
-    for k, f in enumerate(refine):
+    for k, f in enumerate(() if close() else refine):
         f_abs = kept.best * f / inst.finish_lb
         rank = (3, k)
         d = draft_for(inst, cluster, inst.finish_lb * f_abs, False, cutoff=kept.cutoff(rank))
