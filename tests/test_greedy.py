@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dcp_opt.solvers import run_planner
+from dcp_opt.solvers import greedy, run_planner
 from dcp_opt.solvers.greedy import make_instance, plan_greedy
 
 from dcp_opt import (
@@ -130,3 +130,47 @@ def test_instance_constants_match_the_cost_model():
     inst = make_instance(Batch.from_lengths([1, 2]), cost)
     assert inst.const == pytest.approx([0.5, 0.5, 0.5])
     assert inst.cap0 == pytest.approx(np.array([1, 2, 4]) * 91 / 30, rel=1e-6)
+
+
+def _batch(workload: str, n: int, seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    wl = Workload.parse(workload)
+    return Batch(tuple(Sequence(i, wl.sample_shape(rng)) for i in range(n)))
+
+
+def _best(cost, batch):
+    d = greedy.search(make_instance(batch, cost), cost.cluster)[0]
+    return d.finish_s, d.how, str(d.groups)
+
+
+@pytest.mark.parametrize(
+    "workload, gpus, n", [("1d-balanced", 64, 512), ("2d-balanced", 64, 512), ("1d-short", 32, 200)]
+)
+def test_pruning_keeps_the_best_draft(monkeypatch, workload, gpus, n):
+    # Candidates that stop once they cannot beat the best, and the safe draft built only
+    # when it wins, must leave the best draft as the full search finds it.
+    model = model_preset("llama-7b" if workload[:2] == "1d" else "opensora-stdit3-xl")
+    cost = CostModel(model, cluster_preset(f"h200x{gpus}"))
+    batch = _batch(workload, n, 1)
+    pruned = _best(cost, batch)
+    full_init = greedy._Kept.__init__
+
+    def no_prune(self, inst, cluster):
+        full_init(self, inst, cluster)
+        self.prune, self.drafts = False, [((0,), greedy.safe_draft(inst, cluster))]
+
+    monkeypatch.setattr(greedy._Kept, "__init__", no_prune)
+    assert _best(cost, batch) == pruned
+
+
+def test_uniform_first_order_keeps_the_best_draft(monkeypatch):
+    # 2D batch of 200 (below FAST_N: every candidate runs): the uniform layout sits within
+    # UNIFORM_FIRST of the bound, so it runs first; the best draft is the one canonical order
+    # (grid first) finds.
+    cost = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x64"))
+    batch = _batch("2d-balanced", 200, 2)
+    inst = make_instance(batch, cost)
+    assert greedy._uniform_first(inst, cost.cluster, greedy.uniform_bounds(inst))
+    first = _best(cost, batch)
+    monkeypatch.setattr(greedy, "UNIFORM_FIRST", -1.0)
+    assert _best(cost, batch) == first
