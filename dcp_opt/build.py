@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .batch import Batch
-from .cost import CostModel, default_normalizer_kind, loss_normalizer, plan_fingerprint
+from .cost import CostModel, combine_fingerprints, default_normalizer_kind, loss_normalizer
 from .plan import Group, Phase, Plan
 
 
@@ -43,12 +43,11 @@ def make_plan(
 
 def cached_plan_fingerprint(batch: Batch, cost: CostModel) -> str:
     """plan_fingerprint, cached in the cost model: hashing the cost model's JSON takes about
-    a millisecond, and make_plan and validate ask for it on every plan. The key holds the
-    identity of every input the hash reads, so a copy made with dataclasses.replace (which
-    shares the cache) never sees another model's fingerprint."""
-    key = (
-        "plan_fingerprint",
-        batch.fingerprint(),
+    0.3 ms, and make_plan and validate ask for it on every plan. The key holds the identity
+    of the base model's inputs, so a copy made with dataclasses.replace (which shares the
+    memo) with another model or cluster never sees this one's fingerprint; every other
+    change goes through `CostModel.with_`, which starts a fresh memo."""
+    ident = (
         id(cost.model),
         id(cost.cluster),
         id(cost.coeffs),
@@ -56,6 +55,10 @@ def cached_plan_fingerprint(batch: Batch, cost: CostModel) -> str:
         cost.usable_memory_fraction,
         cost.grad_reduce_bytes_per_param,
     )
+    key = ("plan_fingerprint", batch.fingerprint(), *ident)
     if key not in cost._cache:
-        cost._cache[key] = plan_fingerprint(batch, cost)
+        cost_key = ("cost_fingerprint", *ident)  # the same for every batch of a run
+        if cost_key not in cost._cache:
+            cost._cache[cost_key] = cost.fingerprint()
+        cost._cache[key] = combine_fingerprints(batch.fingerprint(), cost._cache[cost_key])
     return cost._cache[key]

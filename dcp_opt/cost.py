@@ -23,6 +23,7 @@ is the working set of the one layer being recomputed or back-propagated.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -165,6 +166,22 @@ class TimeBreakdown:
         return self.compute_s + self.recompute_s + self.comm_s
 
 
+class MemoCache(dict):
+    """The cost model's memo of pure functions of (cost model, batch): cost tables, bounds,
+    fingerprints. Bounded, oldest entry evicted first: a training run plans a new batch every
+    step with one CostModel, and an unbounded memo would keep every batch's tables for the
+    whole run. Entries are recomputed when missing, so eviction never changes a result."""
+
+    MAX_ENTRIES = 256  # ~6-10 entries per batch: the last few dozen batches stay memoised
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if len(self) > self.MAX_ENTRIES:
+            # another thread (AsyncPlanner) may evict the same entry first
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del self[next(iter(self))]
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Time and memory of micro-batches on a cluster, for one model.
@@ -181,7 +198,7 @@ class CostModel:
     optimizer_sharding: str = "zero1"
     usable_memory_fraction: float = 0.9
     grad_reduce_bytes_per_param: float = 2.0
-    _cache: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.coeffs is None:
@@ -203,7 +220,7 @@ class CostModel:
             )
 
     def with_(self, **changes) -> CostModel:
-        return replace(self, _cache={}, **changes)
+        return replace(self, _cache=MemoCache(), **changes)
 
     # ---- features ----------------------------------------------------------------------
     @property
@@ -263,55 +280,90 @@ class CostModel:
         self._cache[key] = tuple(out)
         return self._cache[key]
 
-    def comm_time_per_layer(self, tokens, d: int, spans_nodes: bool):
-        """All-to-all time of one layer's forward (backward pays the same again)."""
-        if d == 1:
-            return np.zeros_like(np.asarray(tokens, dtype=float))
+    def _layer_stack(self, degrees: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+        """_layer_vectors of every degree, stacked: (W_fwd (D, F), c_fwd (D,), W_bwd, c_bwd)."""
+        key = ("ls", degrees)
+        if key not in self._cache:
+            vs = [self._layer_vectors(d) for d in degrees]
+            self._cache[key] = tuple(np.array([v[k] for v in vs]) for k in range(4))
+        return self._cache[key]
+
+    def layer_times(self, feats, d) -> tuple[np.ndarray, np.ndarray]:
+        """(fwd, bwd) seconds of one layer for rows of `feats` (n, F) at degree d. A vector
+        of degrees (D,) gives (n, D): a stack of matrix-vector products, so each column is
+        bit-for-bit the one-degree call (one matrix product would round differently)."""
+        if np.ndim(d) == 0:
+            wf, cf, wb, cb = self._layer_vectors(d)
+            return feats @ wf + cf, feats @ wb + cb
+        wf, cf, wb, cb = self._layer_stack(tuple(int(x) for x in d))
+        fwd = np.matmul(feats, wf[:, :, None])[..., 0]  # (D, n)
+        bwd = np.matmul(feats, wb[:, :, None])[..., 0]
+        return np.add(fwd.T, cf, order="C"), np.add(bwd.T, cb, order="C")
+
+    def comm_time_per_layer(self, tokens, d, spans_nodes):
+        """All-to-all time of one layer's forward (backward pays the same again).
+        Elementwise: `d` and `spans_nodes` may be arrays that broadcast with `tokens`."""
         c = self.cluster
-        sent = (
-            self.coeffs.a2a_bytes_per_token_layer
-            * np.asarray(tokens, dtype=float)
-            / d
-            * (d - 1)
-            / d
-        )
-        if spans_nodes:
-            off = (d - c.gpus_per_node) / (d - 1)  # share of peers on other nodes
-            bw_time = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
-            lat = c.inter_node_latency_s
-        else:
-            bw_time = sent / c.intra_node_bw
-            lat = c.intra_node_latency_s
+        d = np.asarray(d)
+        tokens = np.asarray(tokens, dtype=float)
+        # DeepSpeed-Ulysses eq. 1: each rank sends (d-1)/d of its T/d-token shard
+        sent = self.coeffs.a2a_bytes_per_token_layer * tokens / d * (d - 1) / d
+        spans = np.asarray(spans_nodes) & (d > 1)  # one GPU sends nothing
+        off = (d - c.gpus_per_node) / np.maximum(d - 1, 1)  # share of peers on other nodes
+        across = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
+        bw_time = np.where(spans, across, sent / c.intra_node_bw)
+        lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
         return bw_time + self.coeffs.a2a_calls_per_layer * lat * (d - 1)
 
     def time_parts(
         self,
         feats,
-        d: int,
+        d,
         recompute_layers,
         *,
-        spans_nodes: bool | None = None,
-        speed: float = 1.0,
+        spans_nodes=None,
+        speed=1.0,
     ):
-        """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds."""
+        """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds.
+        `d` may be a vector of degrees (D,): each part is then (n, D), and `recompute_layers`,
+        `spans_nodes` and `speed` broadcast against it."""
         feats = np.asarray(feats, dtype=float)
         if spans_nodes is None:
-            spans_nodes = d > self.cluster.gpus_per_node
-        wf, cf, wb, cb = self._layer_vectors(d)
-        fwd = feats @ wf + cf
-        bwd = feats @ wb + cb
-        tokens = feats[..., -2]
+            spans_nodes = np.asarray(d) > self.cluster.gpus_per_node
+        fwd, bwd = self.layer_times(feats, d)
+        tokens = feats[..., -2] if np.ndim(d) == 0 else feats[..., -2, None]
+        return self.time_parts_from(
+            fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed
+        )
+
+    def time_parts_from(self, fwd, bwd, tokens, d, recompute_layers, *, spans_nodes, speed):
+        """time_parts from one layer's (fwd, bwd) seconds (layer_times). Elementwise: every
+        argument may be an array, e.g. one degree, span and speed per micro-batch."""
         L = self.model.num_layers
         co = self.coeffs
         head = tokens / d * (co.head_fwd_per_token_s + co.head_bwd_per_token_s)
         compute = (L * (fwd + bwd) + head + co.microbatch_overhead_s) / speed
         r = np.asarray(recompute_layers, dtype=float)
         layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes)
-        recompute = r * fwd / speed
-        comm = (2 * L + r) * layer_comm
+        recompute = r * fwd / speed  # one more forward per recomputed layer (Chen et al. 2016)
+        comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
         return compute, recompute, comm
 
-    def time(self, feats, d: int, recompute_layers=0, **kw):
+    @property
+    def time_by_degree_vectorised(self) -> bool:
+        """Whether time_parts is this class's own, which takes a vector of degrees. A subclass
+        that reprices it per degree (recalibrate.RecalibratedCostModel) takes one degree."""
+        return type(self).time_parts is CostModel.time_parts
+
+    def time_by_degree(self, feats, degrees, recompute_layers) -> np.ndarray:
+        """time() of every row of `feats` (n, F) at every degree (D,) -> (n, D), with
+        `recompute_layers` (n, D): one vectorised call, or one per degree for a subclass."""
+        if self.time_by_degree_vectorised:
+            return self.time(feats, np.asarray(degrees), recompute_layers)
+        cols = [self.time(feats, d, recompute_layers[:, j]) for j, d in enumerate(degrees)]
+        return np.stack(cols, axis=1)
+
+    def time(self, feats, d, recompute_layers=0, **kw):
         c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
         return c + r + m
 
@@ -344,8 +396,8 @@ class CostModel:
     def fixed_bytes(self) -> float:
         return self.model_state_bytes() + self.coeffs.reserved_bytes
 
-    def memory(self, tokens, d: int, recompute_layers=0):
-        """Peak bytes on each member of a degree-d group (vectorised over tokens)."""
+    def memory(self, tokens, d, recompute_layers=0):
+        """Peak bytes on each member of a degree-d group (elementwise over tokens, d, r)."""
         co, L = self.coeffs, self.model.num_layers
         r = np.asarray(recompute_layers, dtype=float)
         per_token = (
@@ -359,8 +411,9 @@ class CostModel:
     def capacity(self, start: int = 0, degree: int = 1) -> float:
         return self.cluster.group_memory(start, degree) * self.usable_memory_fraction
 
-    def min_recompute(self, tokens, d: int, capacity: float | None = None):
-        """Fewest recomputed layers that fit (vectorised); -1 where even r = L does not fit."""
+    def min_recompute(self, tokens, d, capacity=None):
+        """Fewest recomputed layers that fit; -1 where even r = L does not fit. Elementwise:
+        tokens (n, 1) with degrees and their capacities (D,) give (n, D)."""
         cap = self.capacity() if capacity is None else capacity
         co, L = self.coeffs, self.model.num_layers
         t = np.asarray(tokens, dtype=float) / d
@@ -416,7 +469,11 @@ class CostModel:
 
 def plan_fingerprint(batch: Batch, cost: CostModel) -> str:
     """What a plan was made for: the batch and the cost model (which holds cluster and model)."""
-    return hashlib.sha256((batch.fingerprint() + cost.fingerprint()).encode()).hexdigest()[:16]
+    return combine_fingerprints(batch.fingerprint(), cost.fingerprint())
+
+
+def combine_fingerprints(batch_fingerprint: str, cost_fingerprint: str) -> str:
+    return hashlib.sha256((batch_fingerprint + cost_fingerprint).encode()).hexdigest()[:16]
 
 
 def loss_normalizer(batch: Batch, kind: str) -> float:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModel, MemoCache
 from .errors import DcpOptError, require
 
 ALL = 0  # key of the all-degree factor
@@ -170,7 +170,7 @@ class RecalibratedCostModel(CostModel):
         return c * f, r * f, m * f
 
     def with_(self, **changes) -> RecalibratedCostModel:
-        return replace(self, _cache={}, **changes)
+        return replace(self, _cache=MemoCache(), **changes)
 
     def fingerprint(self) -> str:
         extra = ",".join(f"{d}:{f:.9g}" for d, f in self.degree_factors)

@@ -25,6 +25,7 @@ from dcp_opt import (
     standard_batch,
     validate,
 )
+from dcp_opt.cost import plan_fingerprint
 from dcp_opt.validate import CODES
 from tests.toy import toy_cost
 
@@ -308,3 +309,36 @@ def test_presets_are_sane():
 def test_mixed_cluster_validation():
     with pytest.raises(DcpOptError, match="cluster.speed_factors: must hold 4"):
         Cluster("x", 1, 4, 1e9, 1e12, 1e9, 1e9, speed_factors=(1.0, 1.0))
+
+
+# ---- the cost model's memo ---------------------------------------------------------------
+def test_memo_is_bounded_over_a_long_run_and_never_changes_a_result():
+    """One CostModel plans a new batch every step of a training run: its memo (tables,
+    bounds, fingerprints) keeps the last few batches, not all of them, and an evicted entry
+    is recomputed to the same value."""
+    from dcp_opt.cost import MemoCache
+
+    cost = CostModel(model_preset("llama-7b"), cluster_preset("h200x8"))
+
+    def figures(batch):
+        plan = make_plan([[Group(0, 8, (MicroBatch((0, 1)),))]], batch, cost, planner="hand")
+        return lower_bound(batch, cost).value_s, plan.fingerprint, validate(plan, batch, cost)
+
+    first = Batch.from_lengths([4096, 1024])
+    before = figures(first)
+    assert before[2] == [] and plan_fingerprint(first, cost) == before[1]
+    for step in range(3 * MemoCache.MAX_ENTRIES):
+        figures(Batch.from_lengths([1000 + step, 3 + step % 7]))
+    assert len(cost._cache) <= MemoCache.MAX_ENTRIES
+    assert ("lower_bound", first.fingerprint()) not in cost._cache  # evicted ...
+    assert figures(first) == before  # ... and recomputed to the same figures
+
+
+def test_batch_fingerprint_names_ids_and_shapes():
+    a = Batch.from_lengths([5, 7])
+    assert a.fingerprint() == Batch.from_lengths([5, 7]).fingerprint()
+    assert a.fingerprint() != Batch.from_lengths([7, 5]).fingerprint()
+    assert a.fingerprint() != Batch((Sequence(1, (5,)), Sequence(0, (7,)))).fingerprint()
+    assert Batch.from_shapes([(1, 2, 3)]).fingerprint() != Batch.from_lengths([1, 2]).fingerprint()
+    huge = Batch((Sequence(2**70, (5,)),))  # ids beyond int64 hash through JSON
+    assert huge.fingerprint() != Batch((Sequence(2**70 + 1, (5,)),)).fingerprint()
