@@ -7,9 +7,11 @@ HYPOTHESIS_PROFILE=nightly for 10,000 per property.
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import inspect
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -52,6 +54,20 @@ def planner_options(name: str) -> dict:
 
 def run(name: str, inst: hs.Instance):
     return get_planner(name)(inst.batch, inst.cost, **planner_options(name))
+
+
+# Examples each planner property ran, written to $DCP_EXAMPLE_COUNTS (JSON) after the module:
+# the nightly report's evidence (hypothesis prints no statistics for a nested @given).
+EXAMPLES: collections.Counter = collections.Counter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_example_counts():
+    yield
+    path = os.environ.get("DCP_EXAMPLE_COUNTS")
+    if path and EXAMPLES:
+        with open(path, "w") as f:
+            json.dump(dict(sorted(EXAMPLES.items())), f, indent=1)
 
 
 def sizes(name: str) -> dict:
@@ -214,6 +230,7 @@ def test_some_planner_is_available():
 def test_planner_plan_is_valid_and_at_least_the_bound(name):
     @given(st.data())
     def prop(data):
+        EXAMPLES[f"valid_and_at_least_the_bound[{name}]"] += 1
         inst = data.draw(hs.instances(**sizes(name)))
         res = run(name, inst)
         assert res.status in STATUSES and res.ok, (res.status, res.message)
@@ -234,6 +251,7 @@ def test_planner_plan_is_valid_and_at_least_the_bound(name):
 def test_planner_is_deterministic_and_round_trips(name):
     @given(st.data())
     def prop(data):
+        EXAMPLES[f"deterministic_and_round_trips[{name}]"] += 1
         inst = data.draw(hs.instances(**sizes(name)))
         a, b = run(name, inst), run(name, inst)
         assert a.plan.to_json() == b.plan.to_json()
@@ -257,6 +275,7 @@ def test_more_memory_never_predicts_slower(name):
     # planner that searches well should not predict a slower step.
     @given(st.data())
     def prop(data):
+        EXAMPLES[f"more_memory_never_predicts_slower[{name}]"] += 1
         inst = data.draw(hs.instances(**sizes(name)))
         c = inst.cluster
         mems = None if c.memory_per_rank is None else [2 * m for m in c.memory_per_rank]
