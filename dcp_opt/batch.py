@@ -110,8 +110,14 @@ class Batch:
         return {s.id: s for s in self.sequences}
 
     @cached_property
+    def tokens_by_id(self) -> dict[int, int]:
+        """Tokens of each sequence, by id (computed once: validate, simulate and the planners
+        all ask for it on every plan)."""
+        return {s.id: math.prod(s.shape) for s in self.sequences}
+
+    @cached_property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.sequences)
+        return sum(self.tokens_by_id.values())
 
     def fingerprint(self) -> str:
         return self._fingerprint

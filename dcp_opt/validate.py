@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -167,7 +166,7 @@ def _check_memory(blocks: list, batch: Batch, cost: CostModel) -> list[Violation
     """OUT_OF_MEMORY for every micro-batch of `blocks` that needs more than its group has."""
     mbs = [g.micro_batches[k] for _, g, ks in blocks for k in ks]
     counts = [len(ks) for _, _, ks in blocks]
-    tok = _tokens_by_id(batch, cost)
+    tok = batch.tokens_by_id
     per_seq = np.array([tok.get(s, 0) for mb in mbs for s in mb.sequence_ids], dtype=float)
     firsts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
     tokens = np.add.reduceat(per_seq, firsts)  # every micro-batch here holds a sequence
@@ -204,14 +203,6 @@ def _bad_micro_batch(mb, L: int, p: int, g, k: int) -> Violation | None:
         where = _Where(p, g.start_rank, g.degree, k)
         return Violation("BAD_RECOMPUTE", f"{where}: {mb.recompute_layers} not in [0, {L}]")
     return None
-
-
-def _tokens_by_id(batch: Batch, cost: CostModel) -> dict[int, int]:
-    key = ("tokens_by_id", batch.fingerprint())  # cached: every planner's finish() asks
-    if key not in cost._cache:
-        # math.prod of the shape (Sequence.num_tokens without the property call)
-        cost._cache[key] = {s.id: math.prod(s.shape) for s in batch.sequences}
-    return cost._cache[key]
 
 
 @dataclass(frozen=True)
