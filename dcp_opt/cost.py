@@ -289,16 +289,15 @@ class CostModel:
         return self._cache[key]
 
     def layer_times(self, feats, d) -> tuple[np.ndarray, np.ndarray]:
-        """(fwd, bwd) seconds of one layer for rows of `feats` (n, F) at degree d. A vector
-        of degrees (D,) gives (n, D): a stack of matrix-vector products, so each column is
+        """(fwd, bwd) seconds of one layer for rows of `feats` (n, F) at degree d. A column
+        of degrees (D, 1) gives (D, n): a stack of matrix-vector products, so each row is
         bit-for-bit the one-degree call (one matrix product would round differently)."""
         if np.ndim(d) == 0:
             wf, cf, wb, cb = self._layer_vectors(d)
             return feats @ wf + cf, feats @ wb + cb
-        wf, cf, wb, cb = self._layer_stack(tuple(int(x) for x in d))
-        fwd = np.matmul(feats, wf[:, :, None])[..., 0]  # (D, n)
-        bwd = np.matmul(feats, wb[:, :, None])[..., 0]
-        return np.add(fwd.T, cf, order="C"), np.add(bwd.T, cb, order="C")
+        wf, cf, wb, cb = self._layer_stack(tuple(int(x) for x in np.ravel(d)))
+        fwd = np.matmul(feats, wf[:, :, None])[..., 0] + cf[:, None]
+        return fwd, np.matmul(feats, wb[:, :, None])[..., 0] + cb[:, None]
 
     def comm_time_per_layer(self, tokens, d, spans_nodes):
         """All-to-all time of one layer's forward (backward pays the same again).
@@ -309,9 +308,12 @@ class CostModel:
         # DeepSpeed-Ulysses eq. 1: each rank sends (d-1)/d of its T/d-token shard
         sent = self.coeffs.a2a_bytes_per_token_layer * tokens / d * (d - 1) / d
         spans = np.asarray(spans_nodes) & (d > 1)  # one GPU sends nothing
-        off = (d - c.gpus_per_node) / np.maximum(d - 1, 1)  # share of peers on other nodes
-        across = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
-        bw_time = np.where(spans, across, sent / c.intra_node_bw)
+        if spans.any():  # the share of peers on other nodes goes at the NIC rate
+            off = np.where(spans, (d - c.gpus_per_node) / np.maximum(d - 1, 1), 0.0)
+            # where off = 0 this is exactly sent / intra_node_bw, as below
+            bw_time = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
+        else:
+            bw_time = sent / c.intra_node_bw
         lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
         return bw_time + self.coeffs.a2a_calls_per_layer * lat * (d - 1)
 
@@ -325,13 +327,13 @@ class CostModel:
         speed=1.0,
     ):
         """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds.
-        `d` may be a vector of degrees (D,): each part is then (n, D), and `recompute_layers`,
-        `spans_nodes` and `speed` broadcast against it."""
+        `d` may be a column of degrees (D, 1): each part is then (D, n), one row per degree,
+        and `recompute_layers`, `spans_nodes` and `speed` broadcast against it."""
         feats = np.asarray(feats, dtype=float)
         if spans_nodes is None:
             spans_nodes = np.asarray(d) > self.cluster.gpus_per_node
         fwd, bwd = self.layer_times(feats, d)
-        tokens = feats[..., -2] if np.ndim(d) == 0 else feats[..., -2, None]
+        tokens = feats[..., -2]
         return self.time_parts_from(
             fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed
         )
@@ -342,26 +344,28 @@ class CostModel:
         L = self.model.num_layers
         co = self.coeffs
         head = tokens / d * (co.head_fwd_per_token_s + co.head_bwd_per_token_s)
-        compute = (L * (fwd + bwd) + head + co.microbatch_overhead_s) / speed
+        compute = L * (fwd + bwd) + head + co.microbatch_overhead_s
         r = np.asarray(recompute_layers, dtype=float)
         layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes)
-        recompute = r * fwd / speed  # one more forward per recomputed layer (Chen et al. 2016)
+        recompute = r * fwd  # one more forward per recomputed layer (Chen et al. 2016)
+        if np.ndim(speed) or speed != 1:  # x / 1.0 == x: skip two passes at full speed
+            compute, recompute = compute / speed, recompute / speed
         comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
         return compute, recompute, comm
 
     @property
-    def time_by_degree_vectorised(self) -> bool:
-        """Whether time_parts is this class's own, which takes a vector of degrees. A subclass
+    def takes_degree_vectors(self) -> bool:
+        """Whether time_parts is this class's own, which takes a column of degrees. A subclass
         that reprices it per degree (recalibrate.RecalibratedCostModel) takes one degree."""
         return type(self).time_parts is CostModel.time_parts
 
     def time_by_degree(self, feats, degrees, recompute_layers) -> np.ndarray:
-        """time() of every row of `feats` (n, F) at every degree (D,) -> (n, D), with
-        `recompute_layers` (n, D): one vectorised call, or one per degree for a subclass."""
-        if self.time_by_degree_vectorised:
-            return self.time(feats, np.asarray(degrees), recompute_layers)
-        cols = [self.time(feats, d, recompute_layers[:, j]) for j, d in enumerate(degrees)]
-        return np.stack(cols, axis=1)
+        """time() of every row of `feats` (n, F) at every degree (D,) -> (D, n), with
+        `recompute_layers` (D, n): one vectorised call, or one per degree for a subclass."""
+        if self.takes_degree_vectors:
+            return self.time(feats, np.asarray(degrees)[:, None], recompute_layers)
+        rows = zip(degrees, recompute_layers, strict=True)
+        return np.stack([self.time(feats, d, r) for d, r in rows])
 
     def time(self, feats, d, recompute_layers=0, **kw):
         c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
@@ -413,7 +417,7 @@ class CostModel:
 
     def min_recompute(self, tokens, d, capacity=None):
         """Fewest recomputed layers that fit; -1 where even r = L does not fit. Elementwise:
-        tokens (n, 1) with degrees and their capacities (D,) give (n, D)."""
+        tokens (n,) with a column of degrees and their capacities (D, 1) give (D, n)."""
         cap = self.capacity() if capacity is None else capacity
         co, L = self.coeffs, self.model.num_layers
         t = np.asarray(tokens, dtype=float) / d
@@ -422,7 +426,7 @@ class CostModel:
         saved_per_layer = t * (co.act_bytes_per_token_layer - co.ckpt_bytes_per_token_layer)
         with np.errstate(divide="ignore", invalid="ignore"):
             need = np.ceil((base - room) / np.maximum(saved_per_layer, 1e-30) - 1e-9)
-        r = np.clip(need, 0, None)
+        r = np.maximum(need, 0)  # np.clip costs more per call
         return np.where((r <= L) & (room > 0), r, -1).astype(int)
 
     # ---- whole step --------------------------------------------------------------------

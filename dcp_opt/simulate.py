@@ -141,8 +141,9 @@ def _rows(batch: Batch, cost: CostModel) -> dict[int, int]:
 
 def _phase_parts(groups, feats, row, cost: CostModel):
     """(compute, recompute, comm, memory) of every micro-batch of a phase, in group order,
-    and the group boundaries: one feature sum for the phase and one cost call per kind of
-    group (degree, node span, speed), as the per-row formulas are the same."""
+    and the group boundaries: one feature sum for the phase, and one layer-time product per
+    kind of group (degree, node span, speed) on that kind's rows, as a per-kind cost call
+    would do, so the sums round the same; the rest is elementwise, one call for the phase."""
     cluster = cost.cluster
     mbs = [mb for g in groups for mb in g.micro_batches]
     idx = [row[s] for mb in mbs for s in mb.sequence_ids]
@@ -164,13 +165,32 @@ def _phase_parts(groups, feats, row, cost: CostModel):
         for g in groups
     ]
     kind_mb = np.repeat(kind_of, sizes)  # the kind of each micro-batch's group
-    parts = np.empty((4, len(mbs)))
+    if not cost.takes_degree_vectors:  # a subclass reprices time per degree: call per kind
+        return (*_parts_per_kind(kinds, kind_mb, f, rec, cost), cuts)
+    fwd, bwd = np.empty(len(mbs)), np.empty(len(mbs))
+    for (d, _, _), kid in kinds.items():
+        sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
+        fwd[sel], bwd[sel] = cost.layer_times(f[sel], d)
+    d, spans, speed = (_per_mb(col, kind_mb) for col in zip(*kinds, strict=True))
+    tokens = f[:, -2]
+    c, r, m = cost.time_parts_from(fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed)
+    return c, r, m, cost.memory(tokens, d, rec), cuts
+
+
+def _per_mb(values: tuple, kind_mb: np.ndarray):
+    """One value per micro-batch from one per kind; a scalar where every kind has the same
+    (fewer numpy passes: no division by a speed of 1, no node-spanning share)."""
+    return values[0] if len(set(values)) == 1 else np.array(values)[kind_mb]
+
+
+def _parts_per_kind(kinds: dict, kind_mb, f, rec, cost: CostModel):
+    parts = np.empty((4, len(f)))
     for (d, spans, speed), kid in kinds.items():
         sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
         c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed)
         parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
         parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel])
-    return parts[0], parts[1], parts[2], parts[3], cuts
+    return parts[0], parts[1], parts[2], parts[3]
 
 
 def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:

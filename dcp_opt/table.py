@@ -43,31 +43,43 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     feats = cost.batch_features(batch)
     tokens = feats[:, -2]
     degrees = cost.cluster.allowed_degrees
-    n, nd = len(batch), len(degrees)
-    r_min = np.empty((n, nd), dtype=int)
-    time = np.empty((n, nd))
-    marginal = np.empty((n, nd))
-    const = np.empty(nd)
     over = cost.coeffs.microbatch_overhead_s
     # time is affine in the features, t(f) = t(0) + marginal(f), so marginal = t - t(0) at
-    # the row's recompute level. One cost call per degree prices the sequences and, below
-    # them, an empty micro-batch at every level r = 0..L (level 0: the constant that packed
-    # sequences share). Rows that fit nowhere (r = -1) are priced too, then masked: cheaper
-    # than copying the rows that fit.
+    # the row's recompute level. Each cost call prices the sequences and, beside them, an
+    # empty micro-batch at every level r = 0..L (level 0: the constant that packed
+    # sequences share), for a block of degrees at once.
     levels = np.arange(cost.model.num_layers + 1)
     rows = np.vstack([feats, np.zeros((len(levels), feats.shape[1]))])
-    for j, d in enumerate(degrees):
-        r = cost.min_recompute(tokens, d, best_capacity(cost, d))
-        ok = r >= 0
-        t_all = cost.time(rows, d, np.concatenate([r, levels]))
-        t, empty = t_all[:n], t_all[n:]
-        r_min[:, j] = r
-        const[j] = empty[0]
-        time[:, j] = np.where(ok, t, np.inf)
-        marginal[:, j] = np.where(ok, t - empty[r], np.inf)
+    step = max(1, BLOCK_ELEMENTS // len(rows))
+    blocks = [
+        _block(cost, tokens, rows, levels, degrees[a : a + step])
+        for a in range(0, len(degrees), step)
+    ]
+    r_min, time, marginal = (np.vstack([b[k] for b in blocks]).T.copy() for k in range(3))
+    const = np.concatenate([b[3] for b in blocks])
     out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
     cost._cache[key] = out
     return out
+
+
+# Elements of one block's arrays (64 KiB of floats): larger temporaries are fresh pages from
+# the OS on every call (glibc mmap / trim thresholds), which costs more than a numpy call.
+BLOCK_ELEMENTS = 8192
+
+
+def _block(cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...]):
+    """(r_min, time, marginal) of a block of degrees, one row per degree (D, n), and the
+    empty micro-batch's time (D,). Rows that fit nowhere (r = -1) are priced too, then
+    masked: cheaper than copying the rows that fit."""
+    n = len(tokens)
+    caps = np.array([best_capacity(cost, d) for d in degrees])[:, None]
+    r_min = cost.min_recompute(tokens, np.array(degrees)[:, None], caps)
+    rec = np.hstack([r_min, np.broadcast_to(levels, (len(degrees), len(levels)))])
+    t_all = cost.time_by_degree(rows, degrees, rec)
+    t, empty = t_all[:, :n], t_all[:, n:]
+    ok = r_min >= 0
+    marginal = np.where(ok, t - np.take_along_axis(empty, r_min, axis=1), np.inf)
+    return r_min, np.where(ok, t, np.inf), marginal, empty[:, 0]
 
 
 def best_capacity(cost: CostModel, d: int) -> float:

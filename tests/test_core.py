@@ -342,3 +342,75 @@ def test_batch_fingerprint_names_ids_and_shapes():
     assert Batch.from_shapes([(1, 2, 3)]).fingerprint() != Batch.from_lengths([1, 2]).fingerprint()
     huge = Batch((Sequence(2**70, (5,)),))  # ids beyond int64 hash through JSON
     assert huge.fingerprint() != Batch((Sequence(2**70 + 1, (5,)),)).fingerprint()
+
+
+# ---- the cost model over a column of degrees -----------------------------------------------
+def _mixed_cost(kind: str) -> CostModel:
+    """Two nodes of 4 GPUs with unequal memory and speed: groups of 8 span nodes."""
+    cluster = cluster_preset("h200x8").with_(
+        num_nodes=2,
+        gpus_per_node=4,
+        speed_factors=(1.0, 0.7) * 4,
+        memory_per_rank=(141e9, 80e9) * 4,
+    )
+    return CostModel(model_preset("llama-7b" if kind == "1d" else "opensora-stdit3-xl"), cluster)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_degree_column_equals_one_call_per_degree_bit_for_bit(kind):
+    """time_parts, min_recompute and memory over a column of degrees are the per-degree
+    calls stacked, to the last bit (planners compare these times for ties)."""
+    cost = _mixed_cost(kind)
+    batch = standard_batch(f"{kind}-balanced", 3, num_gpus=8)
+    feats = cost.batch_features(batch)
+    tokens = feats[:, -2]
+    degrees = np.array(cost.cluster.allowed_degrees)
+    rng = np.random.default_rng(0)
+    rec = rng.integers(0, cost.model.num_layers + 1, (len(degrees), len(feats)))
+    spans = np.array([d > 2 for d in degrees])  # forced, so both branches meet in one call
+    speed = np.linspace(0.5, 1.0, len(degrees))
+    fixed = cost.fixed_bytes()
+    room = np.geomspace(1e-4, 1.0, len(degrees))  # little room at small degrees: rows misfit
+    caps = fixed + room * (np.array([cost.capacity(0, d) for d in degrees]) - fixed)
+    col = degrees[:, None]
+    parts = cost.time_parts(feats, col, rec, spans_nodes=spans[:, None], speed=speed[:, None])
+    r_min = cost.min_recompute(tokens, col, caps[:, None])
+    assert (r_min == -1).any() and (r_min >= 0).any()
+    for j, d in enumerate(degrees):
+        one = cost.time_parts(feats, int(d), rec[j], spans_nodes=bool(spans[j]), speed=speed[j])
+        for k in range(3):
+            assert np.array_equal(parts[k][j], one[k]), (d, k)
+        assert np.array_equal(r_min[j], cost.min_recompute(tokens, int(d), caps[j]))
+    assert np.array_equal(
+        cost.memory(tokens, col, rec),
+        [cost.memory(tokens, int(d), rec[j]) for j, d in enumerate(degrees)],
+    )
+
+
+def test_a_subclass_that_reprices_per_degree_gets_one_call_per_degree():
+    """A subclass of CostModel that overrides time_parts for one degree at a time (as
+    RecalibratedCostModel does) gets scalar degrees from the table and the simulator, and the
+    same figures as the vectorised path where it changes nothing."""
+    from dcp_opt.table import seq_table
+
+    seen = []
+
+    class PerDegree(CostModel):
+        def time_parts(self, feats, d: int, recompute_layers, **kw):
+            seen.append(int(d))  # fails on a column of degrees
+            return super().time_parts(feats, d, recompute_layers, **kw)
+
+    base = _mixed_cost("1d")
+    sub = PerDegree(base.model, base.cluster)
+    assert base.takes_degree_vectors and not sub.takes_degree_vectors
+    batch = standard_batch("1d-balanced", 1, num_gpus=8)
+    a, b = seq_table(batch, base), seq_table(batch, sub)
+    for name in ("r_min", "time", "time_no_overhead", "time_marginal", "const"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert sorted(seen) == list(base.cluster.allowed_degrees)
+    groups = [Group(0, 8, (MicroBatch((0, 1)),)), Group(0, 4, (MicroBatch((2,)),))]
+    phases = [[groups[0]], [groups[1], Group(4, 2, (MicroBatch((3,)),)), Group(6, 1, ())]]
+    plan = make_plan(phases, batch, base, planner="hand")
+    sa, sb = simulate(plan, batch, base), simulate(plan, batch, sub)
+    assert sa.events == sb.events and sa.step_time_s == sb.step_time_s
+    assert np.array_equal(sa.peak_memory_bytes, sb.peak_memory_bytes)
