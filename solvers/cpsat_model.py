@@ -16,6 +16,7 @@ from ortools.sat.python import cp_model
 from dcp_opt.cost import CostModel
 
 from .greedy import Instance
+from .greedy_steps import CAP_SLACK
 
 RESOLUTION = 20000  # integer time units per incumbent finish time
 SLOT_CAP = 48  # most groups of one degree the model may open
@@ -141,7 +142,7 @@ def _add_levels(data: Data, cost: CostModel) -> None:
         lv = []
         for r in sorted(rs):
             per = float(cost.memory(1.0, 1, r)) - cost.fixed_bytes()
-            cap_tok = math.floor(max(cap - cost.fixed_bytes(), 0.0) * d / per * (1 - 1e-9))
+            cap_tok = math.floor(max(cap - cost.fixed_bytes(), 0.0) * d / per * CAP_SLACK)
             lv.append((r, int(to_units(float(cost.time(zero, d, r)), data.unit)), cap_tok))
         data.levels[j] = lv
         for k, c in enumerate(data.classes):

@@ -52,13 +52,19 @@ class Instance:
         return self.memo("usable", lambda: np.isfinite(self.time).any(axis=0))
 
 
+# validate() accepts a micro-batch up to capacity x (1 + 1e-9): token capacities are scaled by
+# a slack inside that, so a micro-batch that fills memory exactly stays in the model (a margin
+# below 1 would drop it and let the model call a worse plan optimal).
+CAP_SLACK = 1 + 1e-10
+
+
 def make_instance(batch: Batch, cost: CostModel) -> Instance:
     tab = seq_table(batch, cost)
     deg = np.asarray(tab.degrees)
     const = tab.const
     per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()
     cap = np.array([best_capacity(cost, int(d)) for d in deg])
-    cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * (1 - 1e-9)
+    cap0 = np.maximum(cap - cost.fixed_bytes(), 0.0) * deg / per_tok * CAP_SLACK
     lb = lower_bound(batch, cost)
     return Instance(
         ids=np.array([s.id for s in batch.sequences]),
