@@ -49,7 +49,6 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--attention", default="per_segment", choices=("per_segment", "runtime"))
     p.add_argument("--profile", default="benchmarks/results/fidelity.profile.json")
     p.add_argument("--reprofile", action="store_true", help="profile again even if it exists")
     p.add_argument("--seed", type=int, default=0)
@@ -80,7 +79,7 @@ def get_profile(args, log):
     from dcp_opt.runtime.profile_blocks import lm_target
     from dcp_opt.runtime.profiler import ProfileConfig, profile_model
 
-    target = lm_target(LMConfig(**lm_cfg(args)), attention=args.attention)
+    target = lm_target(LMConfig(**lm_cfg(args)))
     path = Path(args.profile)
     if path.exists() and not args.reprofile:
         return load_profile(path, model=target.model), 0.0
@@ -214,7 +213,7 @@ def run(args, log) -> dict:
     log(f"profile: {args.profile} ({prof_s:.0f} s)")
     workers = DistWorkers(args.world, timeout_s=300)
     try:
-        nparams = workers.run(F.setup_lm, lm_cfg(args), args.attention, args.seed)[0]
+        nparams = workers.run(F.setup_lm, lm_cfg(args), args.seed)[0]
         a2a = workers.run(F.measure_a2a)[0]
         sync = workers.run(F.measure_grad_sync, nparams)[0]
         log(
@@ -348,7 +347,6 @@ def summarize(args, rows, prof, a2a, sync, rcs) -> dict:
     }
     return {
         "world": args.world,
-        "attention": args.attention,
         "model": prof.model.to_dict(),
         "profile_device": prof.device,
         "profile_clock": prof.method.get("timing"),

@@ -46,12 +46,6 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=1024)
-    p.add_argument(
-        "--attention",
-        default="per_segment",
-        choices=("per_segment", "runtime"),
-        help="1D kernel: block-diagonal per sequence (default) or the runtime's masked one",
-    )
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -96,7 +90,7 @@ def _target(args: argparse.Namespace, device: str):
 
         dtype = getattr(torch, args.dtype)
         ref = _hf_ref(args.model)
-        return hf_target(ref, dtype=dtype, device=device, attention=args.attention), dtype
+        return hf_target(ref, dtype=dtype, device=device), dtype
     from dcp_opt.runtime.models import DiTConfig, LMConfig
     from dcp_opt.runtime.profile_blocks import dit_target, lm_target
 
@@ -109,7 +103,7 @@ def _target(args: argparse.Namespace, device: str):
     common = dict(hidden=args.hidden, num_heads=args.heads, num_layers=args.layers)
     if args.target == "tiny-lm":
         cfg = LMConfig(vocab_size=512, ffn_hidden=args.ffn, **common)
-        return lm_target(cfg, dtype=dtype, attention=args.attention), dtype
+        return lm_target(cfg, dtype=dtype), dtype
     cfg = DiTConfig(ffn_hidden=args.ffn, **common)
     return dit_target(cfg, dtype=dtype), dtype
 
@@ -156,7 +150,7 @@ def _calibrate(args: argparse.Namespace, prof):
         num_layers=args.layers,
         ffn_hidden=args.ffn,
     )
-    return calibrate_tiny_lm(prof, cfg, args.calibrate_world, attention=args.attention)
+    return calibrate_tiny_lm(prof, cfg, args.calibrate_world)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -6,7 +6,6 @@ micro-batch times. Functions take a `runtime.testing.WorkerContext` first, as
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import time
 
@@ -19,23 +18,14 @@ from dcp_opt.plan import Plan
 from .executor import execute_step
 from .models import LMConfig, TinyLM
 from .parallelize import SPState, parallelize
-from .profile_blocks import per_segment_attention
 from .profile_fit import measure_all_to_all
 from .tasks import LMTask
 
 _STATE: dict = {}
 
 
-def setup_lm(ctx, cfg: dict, attention: str, seed: int = 0) -> int:
-    """Build and parallelize TinyLM(LMConfig(**cfg)); returns its parameter count.
-
-    attention="per_segment" makes the runtime's Ulysses attention call the block-diagonal
-    kernel (cost sum s^2, as the cost model assumes) instead of the [T, T]-masked default."""
-    if attention == "per_segment":
-        # The package re-exports the function `parallelize` under the submodule's name, so
-        # fetch the module itself; its closures look `segment_attention` up at call time.
-        module = importlib.import_module("dcp_opt.runtime.parallelize")
-        module.segment_attention = per_segment_attention
+def setup_lm(ctx, cfg: dict, seed: int = 0) -> int:
+    """Build and parallelize TinyLM(LMConfig(**cfg)); returns its parameter count."""
     torch.manual_seed(seed)
     state = SPState()
     model = parallelize(TinyLM(LMConfig(**cfg)), state)
@@ -132,7 +122,7 @@ def worker_run_plan(workers):
     return run
 
 
-def calibrate_tiny_lm(profile, cfg: dict, world: int, *, attention: str = "per_segment"):
+def calibrate_tiny_lm(profile, cfg: dict, world: int):
     """`profile` (of runtime.models.TinyLM(LMConfig(**cfg))) with a runtime calibration
     measured in `world` local gloo processes (one thread each): the hook for
     `dcp-opt profile --calibrate-world N`."""
@@ -141,7 +131,7 @@ def calibrate_tiny_lm(profile, cfg: dict, world: int, *, attention: str = "per_s
 
     workers = DistWorkers(world, timeout_s=300)
     try:
-        workers.run(setup_lm, cfg, attention, 0)
+        workers.run(setup_lm, cfg, 0)
         return calibrate_runtime(profile, worker_run_plan(workers), world=world)
     finally:
         workers.close()

@@ -26,8 +26,6 @@ from torch import nn
 
 from dcp_opt.model import ModelSpec
 
-from .attention import segment_attention
-
 Shapes = Sequence[Sequence[int]]
 
 
@@ -67,13 +65,6 @@ class ProfileTarget:
             raise ValueError(
                 f"blocks: missing block types {sorted(missing)} of model {self.model.name!r}"
             )
-
-
-def per_segment_attention(q, k, v, *, segments, causal: bool = True):
-    """The runtime's kernel (runtime.attention.segment_attention: one SDPA call per
-    segment, cost sum s^2 as the cost model assumes); kept as the name the profiler and the
-    fidelity benchmark select with `attention="per_segment"`."""
-    return segment_attention(q, k, v, segments=segments, causal=causal)
 
 
 def _leaf(shape, *, dtype, device, gen) -> torch.Tensor:
@@ -144,28 +135,20 @@ class LMHeadAdapter:
         return nn.functional.cross_entropy(logits.float(), tgt)
 
 
-def lm_target(
-    cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32, attention: str = "runtime"
-) -> ProfileTarget:
-    """Profile target for runtime.models.TinyLM with config `cfg` (an LMConfig).
-
-    `attention="runtime"` measures the block as runtime.models builds it; "per_segment"
-    swaps in `per_segment_attention` (what a run with that kernel executes)."""
+def lm_target(cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32) -> ProfileTarget:
+    """Profile target for runtime.models.TinyLM with config `cfg` (an LMConfig): the block as
+    runtime.models builds it, attention one kernel call per packed sequence
+    (runtime.attention.segment_attention), which is what training runs at SP degree 1."""
     from .models import TinyLM
 
-    if attention not in ("runtime", "per_segment"):
-        raise ValueError(f"attention: {attention!r} not allowed; allowed: runtime, per_segment")
     torch.manual_seed(seed)
     lm = TinyLM(cfg).to(dtype)
-    if attention == "per_segment":
-        for block in lm.layers:
-            block.attn.attention_fn = per_segment_attention
     spec = lm_spec(cfg, name=name, dtype_bytes=torch.finfo(dtype).bits // 8)
     return ProfileTarget(
         spec,
         {"layer": LMBlockAdapter(lm.layers[0], cfg.hidden, seed)},
         LMHeadAdapter(lm, seed),
-        signature=f"runtime.models.TinyLM/{cfg}/{dtype}/{attention}",
+        signature=f"runtime.models.TinyLM/{cfg}/{dtype}",
     )
 
 

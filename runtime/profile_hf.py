@@ -6,14 +6,11 @@ protocols (runtime/profile_blocks.py), with the ModelSpec of the full model from
     profile = runtime.profiler.profile_model(target, clock=CudaClock(), dtype=torch.bfloat16)
 
 What runs is what the runtime runs (runtime/hf.py): a packed row [1, T] whose `position_ids`
-restart at every sequence, through transformers' own decoder layer. Attention, by
-`attention=`:
-
-- "per_segment" (default): one PyTorch SDPA call per packed sequence (4-D, causal, no mask:
-  the flash kernel on CUDA at bf16, the fused kernel on CPU), cost sum s^2, as the cost model
-  and FlashAttention's varlen kernels assume (Dao 2023, sec. 3.1);
-- "runtime": runtime.hf's "dcp_ulysses" function at SP degree 1, i.e. SDPA with a [T, T]
-  block-diagonal causal mask, cost (sum s)^2.
+restart at every sequence, through transformers' own decoder layer, with runtime.hf's
+"dcp_ulysses" attention function at SP degree 1 (no all-to-all): one PyTorch SDPA call per
+packed sequence (4-D, causal, no mask: the flash kernel on CUDA at bf16, the fused kernel on
+CPU), cost sum s^2, as the cost model and FlashAttention's varlen kernels assume (Dao 2023,
+sec. 3.1).
 
 A config is built offline and never downloaded: a built-in name, a directory holding
 config.json, a config.json file, or a hub id already in the local cache. Only one decoder
@@ -35,10 +32,9 @@ from torch import nn
 from dcp_opt.errors import DcpOptError
 from dcp_opt.model import ModelSpec
 
-from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes, per_segment_attention
-
-ATTN_PER_SEGMENT = "dcp_profile_per_segment"
-ATTENTIONS = ("per_segment", "runtime")
+from .hf import ATTN_NAME, decoder_layers, parallelize_hf
+from .parallelize import SPState
+from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes
 
 # Offline configs (no hub access needed). Llama 2 7B: 32 layers, hidden 4096, 32 heads,
 # SwiGLU 11008, vocab 32000 (Touvron et al. 2023, table 1), as dcp_opt's "llama-7b" preset.
@@ -103,25 +99,6 @@ def load_hf_config(ref: str):
     return cfg
 
 
-def _per_segment_hf(
-    module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, segments=None, **_
-):
-    """transformers attention function: query [1, H, T, Dh], key/value [1, H_kv, T, Dh];
-    block-diagonal causal attention by `segments` ([T]); returns ([1, T, H, Dh], None)."""
-    if segments is None or query.shape[0] != 1:
-        raise RuntimeError(f"{ATTN_PER_SEGMENT}: needs a packed row [1, T] and `segments`")
-    if dropout:  # as runtime.hf.dcp_attention: the runtime does not support it either
-        raise ValueError(f"attention_dropout: {dropout} not supported; allowed: 0")
-    groups = query.shape[1] // key.shape[1]  # grouped-query attention: repeat kv heads, as
-    q = query[0].transpose(0, 1)  # runtime.hf.dcp_attention does
-    k = key[0].repeat_interleave(groups, dim=0).transpose(0, 1)
-    v = value[0].repeat_interleave(groups, dim=0).transpose(0, 1)
-    default = q.shape[-1] ** -0.5  # per_segment_attention's (SDPA's) scale
-    if scaling is not None and abs(scaling / default - 1) > 1e-9:
-        q = q * (scaling / default)
-    return per_segment_attention(q, k, v, segments=segments, causal=True)[None], None
-
-
 @dataclass(frozen=True)
 class PackedRow:
     """What every layer of a packed micro-batch shares: position ids [1, T] and segment
@@ -139,13 +116,15 @@ class HFLayerAdapter:
     and shared by every layer, so a checkpointed layer keeps only its h. Here they travel
     in a non-tensor holder, which torch's checkpoint does not save (it keeps its tensor
     arguments), and (cos, sin) are computed inside the forward (time negligible next to a
-    layer's): the measured checkpoint bytes are then exactly h's."""
+    layer's): the measured checkpoint bytes are then exactly h's. The segment ids reach the
+    attention through `state` (runtime.hf's SPState), as in training; they stay set after
+    the forward, for the checkpoint's recompute in backward."""
 
     block_type = "layer"
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state=None, seed=0):
+    def __init__(self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state, seed=0):
         self.module, self.rotary, self.hidden = layer, rotary, hidden
-        self.state, self.seed = state, seed  # state: runtime.hf's SPState ("runtime" attention)
+        self.state, self.seed = state, seed
 
     def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
         device = torch.device(device)
@@ -161,14 +140,11 @@ class HFLayerAdapter:
     def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
         outs = []
         for h, row in inputs:
-            pos, seg = row.positions, row.segments
-            if self.state is not None:
-                self.state.segments = seg
+            pos = row.positions
+            self.state.segments = row.segments
             with torch.no_grad():
                 cos, sin = self.rotary(h, pos)
-            out = self.module(
-                h, position_ids=pos, position_embeddings=(cos, sin), segments=seg, use_cache=False
-            )
+            out = self.module(h, position_ids=pos, position_embeddings=(cos, sin), use_cache=False)
             outs.append(out[0] if isinstance(out, tuple) else out)  # older transformers: tuple
         return outs
 
@@ -176,8 +152,6 @@ class HFLayerAdapter:
 def _parts(model: nn.Module):
     """(decoder layers, rotary embedding, token embedding, final norm, LM head) of a
     Llama-style transformers causal LM, or a DcpOptError naming what is missing."""
-    from .hf import decoder_layers
-
     inner = getattr(model, "model", None)
     parts = {
         "model.layers": inner is not None and decoder_layers(model),
@@ -237,15 +211,12 @@ def hf_target(
     name: str | None = None,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
-    attention: str = "per_segment",
     seed: int = 0,
 ) -> ProfileTarget:
     """ProfileTarget of a transformers causal LM: a PreTrainedModel (its first layer is
     copied, so the model itself is left unchanged; `dtype` and `device` are the model's), a
     config, or a config reference string (load_hf_config). Built from a config, the model
     gets one layer, random weights, `dtype` (default float32) on `device`."""
-    if attention not in ATTENTIONS:
-        raise ValueError(f"attention: {attention!r} not allowed; allowed: {', '.join(ATTENTIONS)}")
     if isinstance(model_or_config, nn.Module):
         model, config = model_or_config, model_or_config.config
         layers, rotary, embed, norm, head = _parts(model)
@@ -258,7 +229,7 @@ def hf_target(
         layers, rotary, embed, norm, head = _parts(model)
         layer = layers[0]
     dtype = next(layer.parameters()).dtype
-    state = _select_attention(layer, attention)
+    state = _runtime_attention(layer)
     outside = [embed, norm] + ([] if head.weight is embed.weight else [head])
     spec = hf_spec(
         config,
@@ -272,7 +243,7 @@ def hf_target(
         "hf_model_type": config.model_type,
         "num_kv_heads": int(getattr(config, "num_key_value_heads", config.num_attention_heads)),
         "head_dim": int(layer.self_attn.head_dim),
-        "attention": attention,
+        "attention": ATTN_NAME,
     }
     return ProfileTarget(
         spec,
@@ -283,22 +254,14 @@ def hf_target(
     )
 
 
-def _select_attention(layer: nn.Module, attention: str):
-    """Point `layer`'s attention at the chosen function through a config copy of its own, so
-    no other module sharing the config changes. Returns runtime.hf's SPState for "runtime"."""
+def _runtime_attention(layer: nn.Module) -> SPState:
+    """Point `layer`'s attention at runtime.hf's function, at SP degree 1, through a config
+    copy of its own, so no other module sharing the config changes; returns the SPState the
+    function reads."""
     attn = layer.self_attn
     attn.config = copy.copy(attn.config)
-    if attention == "per_segment":
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(ATTN_PER_SEGMENT, _per_segment_hf)
-        attn.config._attn_implementation = ATTN_PER_SEGMENT
-        return None
-    from .hf import parallelize_hf
-    from .parallelize import SPState
-
     # parallelize_hf wants a causal LM; a shell holding just this layer (degree 1, no
-    # recompute wrapper: the profiler checkpoints the layer itself).
+    # recompute: the profiler checkpoints the layer itself).
     shell = nn.Module()
     shell.config, shell.model = attn.config, nn.Module()
     shell.model.layers = nn.ModuleList([layer])

@@ -7,8 +7,8 @@ Two models, each measured one layer deep and extrapolated to its full depth:
 
 - llama-7b: one Llama-2-7B decoder layer (hidden 4096, 32 heads, SwiGLU 11008, vocab 32000)
   through transformers' own LlamaDecoderLayer (runtime/profile_hf.py), packed sequences with
-  per-sequence positions, one PyTorch SDPA call per sequence (the flash kernel at bf16), plus
-  the embedding + LM head + loss; 32 layers.
+  per-sequence positions, runtime/hf.py's attention at SP degree 1 (one PyTorch SDPA call per
+  sequence: the flash kernel at bf16), plus the embedding + LM head + loss; 32 layers.
 - stdit3-xl: one STDiT3-XL-like layer, runtime/models.py's DiTBlock scaled to Open-Sora 1.2
   STDiT3-XL/2 (hidden 1152, 16 heads, MLP 4608, cross-attention to 300 caption tokens): a
   spatial and a temporal block; 28 layers. It omits STDiT3's elementwise extras (adaLN

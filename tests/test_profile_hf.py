@@ -4,6 +4,7 @@ references fail with the allowed forms. CPU, tiny sizes, nothing downloaded."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import sys
@@ -55,12 +56,13 @@ def _reference(model, lengths, seed=3):
     return hs, torch.cat(outs, dim=1)
 
 
-@pytest.mark.parametrize("attention", ["per_segment", "runtime"])
-def test_layer_adapter_matches_each_sequence_alone(attention):
+def test_layer_adapter_matches_each_sequence_alone():
+    # Through runtime.hf's attention at degree 1; 4 query heads over 2 kv heads, so the
+    # comparison also covers the repeat of kv heads.
     model = _model()
     lengths = [5, 9, 3]
     hs, want = _reference(model, lengths)
-    target = hf_target(model, attention=attention)
+    target = hf_target(model)
     block = target.blocks["layer"]
     [(h, row)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
     pos = row.positions
@@ -80,10 +82,23 @@ def test_layer_adapter_matches_each_sequence_alone(attention):
 def test_user_model_is_left_unchanged():
     model = _model()
     before = model.model.layers[0].self_attn.config._attn_implementation
-    hf_target(model, attention="per_segment")
-    hf_target(model, attention="runtime")
+    target = hf_target(model)
     assert model.config._attn_implementation == before == "sdpa"
     assert model.model.layers[0].self_attn.config._attn_implementation == "sdpa"
+    assert "forward" not in vars(model.model.layers[0])  # no recompute wrapper on the user's
+    assert "forward" in vars(target.blocks["layer"].module)  # ... only on the profiled copy
+
+
+def test_attention_dropout_is_rejected():
+    # The runtime's attention has no dropout (runtime.hf.dcp_attention); profiling a model
+    # that would train with it must fail rather than measure a different computation.
+    cfg = copy.deepcopy(_model().config)
+    cfg.attention_dropout = 0.1
+    block = hf_target(cfg, dtype=torch.float64).blocks["layer"]
+    block.module.train()  # transformers applies attention dropout only in training mode
+    inputs = block.make_inputs([(4,), (3,)], dtype=torch.float64, device="cpu")
+    with pytest.raises(ValueError, match="attention_dropout"):
+        block.forward(inputs)
 
 
 def test_spec_matches_the_hf_config():

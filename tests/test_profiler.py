@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 from dcp_opt.runtime import profiler as P
-from dcp_opt.runtime.profile_blocks import ProfileTarget, per_segment_attention
+from dcp_opt.runtime.profile_blocks import ProfileTarget
 from torch import nn
 
 from dcp_opt import Batch, ModelSpec, cluster_preset
@@ -215,22 +215,11 @@ def test_cuda_clock_path_with_fake_cuda(monkeypatch):
     assert p.saved_bytes == 16 * H * 4 * 2
 
 
-def test_per_segment_attention_matches_the_runtime_kernel():
-    from dcp_opt.runtime.attention import segment_attention
-
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(10, 2, 4, dtype=torch.float64, generator=g) for _ in range(3))
-    seg = torch.tensor([0] * 3 + [1] * 5 + [2] * 2)
-    got = per_segment_attention(q, k, v, segments=seg)
-    want = segment_attention(q, k, v, segments=seg)
-    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
-
-
 def test_runtime_model_adapters_measure():
     from dcp_opt.runtime.models import DiTConfig, LMConfig
     from dcp_opt.runtime.profile_blocks import dit_target, lm_target
 
-    lm = lm_target(LMConfig(), attention="per_segment")
+    lm = lm_target(LMConfig())
     p = P.measure_block(
         lm.blocks["layer"],
         ((5,), (7,)),
@@ -252,8 +241,6 @@ def test_runtime_model_adapters_measure():
         [(3, 2, 2), (1, 2, 2)], dtype=torch.float32, device="cpu"
     )
     assert [x.shape for x, _ in inputs] == [(4, 3, 16), (4, 1, 16)]  # rows = spatial, cols = F
-    with pytest.raises(ValueError, match="attention"):
-        lm_target(LMConfig(), attention="flash3")
 
 
 def test_profile_target_needs_every_block_type():
@@ -482,7 +469,7 @@ def test_calibrate_tiny_lm_end_to_end_with_two_ranks():
     from dcp_opt.runtime.profile_blocks import lm_target
 
     cfg = dict(vocab_size=32, hidden=16, num_heads=2, num_layers=2, ffn_hidden=32)
-    target = lm_target(LMConfig(**cfg), attention="per_segment")
+    target = lm_target(LMConfig(**cfg))
     grid = P.Grid(lengths=(64, 128, 256, 512), pack=(1, 2), max_tokens=512)
     quick = P.ProfileConfig(grid=grid, warmup=0, repeats=1, passes=1, min_time_s=0.0)
     with warnings.catch_warnings():
