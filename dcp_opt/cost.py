@@ -12,7 +12,8 @@ where heads_share(d) = ceil(H/d)/H: Ulysses splits attention by heads (Jacobs et
 DeepSpeed-Ulysses, sec. 3), so a degree that does not divide H leaves some ranks more heads.
 Backward has its own coefficients; a recomputed layer pays one more forward (Chen et al. 2016,
 "Training deep nets with sublinear memory cost"). Communication: Ulysses moves q, k, v and
-the attention output through all-to-alls (4 per layer forward; DeepSpeed-Ulysses eq. 1);
+the attention output through all-to-alls (4 per layer forward; DeepSpeed-Ulysses eq. 1; under
+grouped-query attention k and v with fewer heads, ModelSpec.a2a_volume_share);
 2D dimension switching moves the activations twice per layer (Zhao et al. 2024, DSP, sec. 3).
 Each rank sends (d-1)/d of its T/d-token shard; the part leaving the node goes at the NIC rate.
 
@@ -128,9 +129,10 @@ def flops_coefficients(
     if model.kind == "1d":
         head_flops = 2 * h * model.vocab_size
         # Saved per token per layer (2-byte units), FlashAttention so no s^2 term: norm inputs
-        # 2h, qkv input h, q k v 3h, attention output h, MLP input h, gate/up/act/product 4f
-        # (SwiGLU; 2f for a plain MLP) -- Korthikanti et al. 2022 eq. 1 re-derived for Llama.
-        act = b * (8 * h + (4 if model.gated_mlp else 2) * f)
+        # 2h, qkv input h, q k v 3h (k, v narrower under GQA), attention output h, MLP input
+        # h, gate/up/act/product 4f (SwiGLU; 2f for a plain MLP) -- Korthikanti et al. 2022
+        # eq. 1 re-derived for Llama.
+        act = b * ((6 + 2 * model.kv_fraction) * h + (4 if model.gated_mlp else 2) * f)
         head_bytes = 6 * model.vocab_size  # bf16 logits + fp32 softmax of the loss
         a2a = 4 * h * b
         calls = 4
@@ -299,14 +301,26 @@ class CostModel:
         fwd = np.matmul(feats, wf[:, :, None])[..., 0] + cf[:, None]
         return fwd, np.matmul(feats, wb[:, :, None])[..., 0] + cb[:, None]
 
+    def a2a_bytes_per_token(self, d):
+        """Bytes one layer's forward all-to-alls move per token at degree d (array-wise):
+        the coefficients' multi-head volume times the model's share at d (GQA sends fewer
+        k/v heads, ModelSpec.a2a_volume_share)."""
+        base = self.coeffs.a2a_bytes_per_token_layer
+        if self.model.num_kv_heads is None:
+            return base
+        d = np.asarray(d)
+        share = np.vectorize(self.model.a2a_volume_share, otypes=[float])(d)
+        return base * share
+
     def comm_time_per_layer(self, tokens, d, spans_nodes):
         """All-to-all time of one layer's forward (backward pays the same again).
         Elementwise: `d` and `spans_nodes` may be arrays that broadcast with `tokens`."""
         c = self.cluster
         d = np.asarray(d)
         tokens = np.asarray(tokens, dtype=float)
-        # DeepSpeed-Ulysses eq. 1: each rank sends (d-1)/d of its T/d-token shard
-        sent = self.coeffs.a2a_bytes_per_token_layer * tokens / d * (d - 1) / d
+        # DeepSpeed-Ulysses eq. 1: each rank sends (d-1)/d of its T/d-token shard; under GQA
+        # k and v go with fewer heads (model.ulysses_kv_heads)
+        sent = self.a2a_bytes_per_token(d) * tokens / d * (d - 1) / d
         spans = np.asarray(spans_nodes) & (d > 1)  # one GPU sends nothing
         if spans.any():  # the share of peers on other nodes goes at the NIC rate
             off = np.where(spans, (d - c.gpus_per_node) / np.maximum(d - 1, 1), 0.0)

@@ -15,6 +15,8 @@ class ModelSpec:
     (`kind="2d"`, each layer = one spatial block + one temporal block, as Open-Sora STDiT3).
 
     `text_tokens` is the cross-attention context of a 2D model (captions, 300 in Open-Sora).
+    `num_kv_heads` is the number of key/value heads of grouped-query attention (Ainslie et al.
+    2023, "GQA"; Llama 3, Mistral, Qwen2); None means one per query head (multi-head).
     `num_params` defaults to the count implied by the shapes.
     """
 
@@ -30,6 +32,7 @@ class ModelSpec:
     causal: bool = True
     dtype_bytes: int = 2
     num_params: float | None = None
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -62,6 +65,36 @@ class ModelSpec:
             "model.num_heads",
             f"must divide hidden={self.hidden}, got {self.num_heads}",
         )
+        kv = self.num_kv_heads
+        require(
+            kv is None
+            or (
+                isinstance(kv, int)
+                and not isinstance(kv, bool)
+                and kv >= 1
+                and self.num_heads % kv == 0
+            ),
+            "model.num_kv_heads",
+            f"must be null or an integer >= 1 dividing num_heads={self.num_heads}, got {kv!r}",
+        )
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def kv_fraction(self) -> float:
+        """Width of k (or v) relative to q: 1 for multi-head attention, kv/H under GQA."""
+        return self.kv_heads / self.num_heads
+
+    def a2a_volume_share(self, degree: int) -> float:
+        """Bytes a 1D layer's Ulysses all-to-alls move at SP degree `degree`, as a share of
+        multi-head attention's (q, k, v, output: 4 x hidden per token). Under GQA k and v go
+        with `ulysses_kv_heads` heads each; 2D models move whole activations (share 1)."""
+        if self.kind != "1d" or self.num_kv_heads is None:
+            return 1.0
+        sent = ulysses_kv_heads(self.num_heads, self.kv_heads, degree)
+        return (2 + 2 * sent / self.num_heads) / 4
 
     @property
     def block_types(self) -> tuple[str, ...]:
@@ -72,8 +105,8 @@ class ModelSpec:
         """Matmul parameters that act on every token of one block."""
         h, f = self.hidden, self.ffn_hidden
         mlp = (3 if self.gated_mlp else 2) * h * f
-        if self.kind == "1d":
-            return 4 * h * h + mlp
+        if self.kind == "1d":  # q and o are h x h; k and v h x (h * kv/H) under GQA
+            return (2 + 2 * self.kv_fraction) * h * h + mlp
         # Self-attention qkvo (4h^2) + cross-attention q and o on video tokens (2h^2) + MLP.
         return 6 * h * h + mlp
 
@@ -88,7 +121,10 @@ class ModelSpec:
         return float(self.num_layers * per_layer + 2 * self.vocab_size * h)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["num_kv_heads"] is None:  # multi-head: the same document (and fingerprints) as
+            del d["num_kv_heads"]  # before the field existed
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelSpec:
@@ -96,6 +132,22 @@ class ModelSpec:
             return cls(**d)
         except TypeError as e:
             raise DcpOptError(f"model: {e}") from None
+
+
+def ulysses_kv_heads(num_heads: int, num_kv_heads: int, degree: int) -> int:
+    """How many key/value heads a Ulysses all-to-all moves at SP degree `degree` (the
+    runtime, runtime/hf.py, and the cost model both use this rule).
+
+    Ulysses gives member j query heads [j H/d, (j+1) H/d) (Jacobs et al. 2023, sec. 3); under
+    GQA query head i reads kv head i // (H / kv). So when d divides kv, member j needs exactly
+    kv heads [j kv/d, (j+1) kv/d): send kv heads. When kv divides d (and d divides H), every
+    member needs one kv head: repeat each d/kv times and send d heads. Otherwise the kv heads
+    are repeated to one per query head before the all-to-all (multi-head volume)."""
+    if num_kv_heads % degree == 0:
+        return num_kv_heads
+    if degree % num_kv_heads == 0 and num_heads % degree == 0:
+        return degree
+    return num_heads
 
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
@@ -106,6 +158,20 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # Llama 2 7B: 32 layers, hidden 4096, 32 heads, SwiGLU 11008, vocab 32000.
     "llama-7b": ModelSpec(
         "llama-7b", "1d", 32, 4096, 32, 11008, vocab_size=32000, gated_mlp=True, num_params=6.74e9
+    ),
+    # Llama 3.1 8B: 32 layers, hidden 4096, 32 query and 8 key/value heads (GQA), SwiGLU
+    # 14336, vocab 128256 (untied).
+    "llama3-8b": ModelSpec(
+        "llama3-8b",
+        "1d",
+        32,
+        4096,
+        32,
+        14336,
+        vocab_size=128256,
+        gated_mlp=True,
+        num_params=8.03e9,
+        num_kv_heads=8,
     ),
     # Open-Sora 1.2 STDiT3-XL/2: 28 layers of (spatial, temporal) blocks, hidden 1152,
     # 16 heads, MLP ratio 4, captions of 300 T5 tokens.

@@ -51,6 +51,8 @@ class ProfileError(DcpOptError):
 def layer_fingerprint(model: ModelSpec) -> str:
     """Hash of the fields that decide one layer's time and memory (not depth, not name)."""
     payload = {k: getattr(model, k) for k in _LAYER_FIELDS}
+    if model.num_kv_heads is not None:  # absent for multi-head models: their hashes stay
+        payload["num_kv_heads"] = model.num_kv_heads
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

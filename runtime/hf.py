@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from dcp_opt.model import ulysses_kv_heads
+
 from .attention import segment_attention
 from .parallelize import SPState
 from .sp import shard_bounds, ulysses_attention
@@ -42,10 +44,22 @@ _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _local_attention(q, k, v, *, segments, scaling: float):
-    """Causal attention inside each segment of a packed stream. q, k, v: [T, H, Dh]. One
-    kernel call per segment (cost sum s^2, as the cost model assumes), the same kernel as the
-    runtime's own models."""
+    """Causal attention inside each segment of a packed stream. q: [T, H', Dh], k, v:
+    [T, H'/g, Dh] (g > 1 under grouped-query attention: each kv head serves g consecutive
+    query heads). One kernel call per segment (cost sum s^2, as the cost model assumes), the
+    same kernel as the runtime's own models."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return segment_attention(q, k, v, segments=segments, causal=True, scale=scaling)
+
+
+def _kv_for_ulysses(x: torch.Tensor, num_heads: int, degree: int) -> torch.Tensor:
+    """[H_kv, T, Dh] kv heads -> [T, n, Dh] with n = ulysses_kv_heads(H, H_kv, d) (each kv
+    head repeated n / H_kv times): the fewest heads that still give every member the kv heads
+    of its query heads after the all-to-all (dcp_opt.model.ulysses_kv_heads)."""
+    sent = ulysses_kv_heads(num_heads, x.shape[0], degree)
+    return x.repeat_interleave(sent // x.shape[0], dim=0).transpose(0, 1)
 
 
 def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **_):
@@ -61,10 +75,9 @@ def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dr
         raise ValueError(f"attention_dropout: {dropout} not supported by {ATTN_NAME}; allowed: 0")
     if query.shape[0] != 1:
         raise ValueError(f"batch size: {query.shape[0]} not allowed; allowed: 1 (packed stream)")
-    groups = query.shape[1] // key.shape[1]  # grouped-query attention: repeat kv heads
+    heads, degree = query.shape[1], state.sp.degree
     q = query[0].transpose(0, 1)
-    k = key[0].repeat_interleave(groups, dim=0).transpose(0, 1)
-    v = value[0].repeat_interleave(groups, dim=0).transpose(0, 1)
+    k, v = (_kv_for_ulysses(x[0], heads, degree) for x in (key, value))
     segments = state.segments
     if segments is None:  # plain single-sequence call (no executor): one segment
         segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long, device=q.device)
@@ -212,4 +225,11 @@ def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
         vocab_size=cfg.vocab_size,
         gated_mlp=True,
         dtype_bytes=dtype_bytes,
+        num_kv_heads=config_kv_heads(cfg),
     )
+
+
+def config_kv_heads(cfg) -> int | None:
+    """num_key_value_heads of a transformers config, None when it equals the query heads."""
+    kv = getattr(cfg, "num_key_value_heads", None)
+    return None if kv in (None, cfg.num_attention_heads) else int(kv)

@@ -239,7 +239,7 @@ def fit_runtime_calibration(
             calls = 2 * L + s["recompute"]  # as CostModel.time_parts charges the comm
             xs.append(
                 [
-                    calls * co.a2a_bytes_per_token_layer * t / d * (d - 1) / d,
+                    calls * float(cost.a2a_bytes_per_token(d)) * t / d * (d - 1) / d,
                     calls * co.a2a_calls_per_layer * (d - 1),
                 ]
             )

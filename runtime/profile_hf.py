@@ -32,7 +32,7 @@ from torch import nn
 from dcp_opt.errors import DcpOptError
 from dcp_opt.model import ModelSpec
 
-from .hf import ATTN_NAME, decoder_layers, parallelize_hf
+from .hf import ATTN_NAME, config_kv_heads, decoder_layers, parallelize_hf
 from .parallelize import SPState
 from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes
 
@@ -187,9 +187,8 @@ def _build_one_layer(config, *, dtype, device, seed: int) -> nn.Module:
 def hf_spec(config, layer: nn.Module, *, name: str, dtype_bytes: int, extra_params: int):
     """The cost-model view of the full-depth model: depth and widths from the config, gated
     MLP if the layer has a gate projection, parameters counted exactly (one layer's times the
-    depth, plus embedding, norm and head in `extra_params`). Grouped-query attention (fewer
-    kv heads) is not a ModelSpec field: the measured times include it, the FLOP-based
-    presets and parameter formulas of ModelSpec do not."""
+    depth, plus embedding, norm and head in `extra_params`), and the kv heads of
+    grouped-query attention (fewer all-to-all bytes, ModelSpec.a2a_volume_share)."""
     per_layer = sum(p.numel() for p in layer.parameters())
     return ModelSpec(
         name,
@@ -202,6 +201,7 @@ def hf_spec(config, layer: nn.Module, *, name: str, dtype_bytes: int, extra_para
         gated_mlp=hasattr(getattr(layer, "mlp", None), "gate_proj"),
         dtype_bytes=dtype_bytes,
         num_params=float(per_layer * config.num_hidden_layers + extra_params),
+        num_kv_heads=config_kv_heads(config),
     )
 
 

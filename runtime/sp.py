@@ -107,13 +107,19 @@ def ulysses_attention(
 
     q, k, v hold this member's shard with all heads; `local_attention(q, k, v, **kwargs)` is
     called on the whole (padded) sequence with H/d heads, so kwargs describe the whole
-    sequence (e.g. segment ids of every packed token)."""
+    sequence (e.g. segment ids of every packed token). k and v may carry fewer heads than q
+    (grouped-query attention, a multiple of d: runtime/hf.py sends no more than needed);
+    each tensor's heads are padded to a multiple of d on their own."""
     if sp.degree == 1:
         return local_attention(q, k, v, **kwargs)
     heads = q.shape[head_dim]
-    padded = -(-heads // sp.degree) * sp.degree
     q, k, v = (
-        all_to_all(pad_dim(x, head_dim, padded), sp, scatter_dim=head_dim, gather_dim=seq_dim)
+        all_to_all(
+            pad_dim(x, head_dim, -(-x.shape[head_dim] // sp.degree) * sp.degree),
+            sp,
+            scatter_dim=head_dim,
+            gather_dim=seq_dim,
+        )
         for x in (q, k, v)
     )
     out = local_attention(q, k, v, **kwargs)

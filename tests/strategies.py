@@ -140,6 +140,10 @@ def small_models(draw, kind: str | None = None) -> ModelSpec:
             vocab_size=draw(st.sampled_from([0, 1000, 32000])),
             gated_mlp=draw(BOOLS),
             causal=draw(BOOLS),
+            # grouped-query attention: any divisor of the heads, or multi-head (None)
+            num_kv_heads=draw(
+                st.sampled_from([None] + [k for k in range(1, heads + 1) if heads % k == 0])
+            ),
         )
     return ModelSpec(
         "small-2d",

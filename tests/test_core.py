@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from dcp_opt import (
     Group,
     InfeasibleError,
     MicroBatch,
+    ModelSpec,
     Plan,
     PlanFormatError,
     Sequence,
@@ -26,6 +28,7 @@ from dcp_opt import (
     validate,
 )
 from dcp_opt.cost import plan_fingerprint
+from dcp_opt.model import ulysses_kv_heads
 from dcp_opt.validate import CODES
 from tests.toy import toy_cost
 
@@ -304,6 +307,34 @@ def test_presets_are_sane():
     assert int(cm.min_recompute(131072, 1)) > int(cm.min_recompute(131072, 8)) >= 0
     assert int(cm.min_recompute(400_000, 1)) == -1
     assert np.all(cm.min_recompute(np.array([1024, 8192]), 8) == 0)
+
+
+def test_grouped_query_attention_sends_only_the_kv_heads_members_need():
+    # Llama 3 8B: 32 query heads share 8 kv heads (groups of 4 consecutive query heads).
+    m = model_preset("llama3-8b")
+    assert [ulysses_kv_heads(32, 8, d) for d in (1, 2, 4, 8, 16, 32, 3)] == [8, 8, 8, 8, 16, 32, 32]
+    # q and output full, k and v at 8/32: (2 + 2/4) / 4 of multi-head attention's bytes
+    assert m.a2a_volume_share(8) == pytest.approx(0.625)
+    assert m.a2a_volume_share(16) == pytest.approx(0.75)
+    mha = replace(m, num_kv_heads=None)
+    assert mha.a2a_volume_share(8) == 1.0
+    c = cluster_preset("h200x32")
+    gqa_cost, mha_cost = CostModel(m, c), CostModel(mha, c)
+    assert np.allclose(
+        gqa_cost.a2a_bytes_per_token(np.array([[2], [16], [32]])) / 4 / 4096 / 2,
+        [[0.625], [0.75], [1.0]],
+    )
+    t = [cm.comm_time_per_layer(65536, 8, False) for cm in (gqa_cost, mha_cost)]
+    assert t[0] < t[1]
+    # k and v projections are 4096 x 1024: fewer FLOPs and saved bytes than multi-head
+    assert m.params_per_block == 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    assert gqa_cost.coeffs.act_bytes_per_token_layer < mha_cost.coeffs.act_bytes_per_token_layer
+    # the documents of multi-head models are unchanged (no null field), GQA round-trips
+    assert "num_kv_heads" not in mha.to_dict()
+    assert ModelSpec.from_dict(m.to_dict()) == m
+    for bad in (3, 0, 64, True, 2.0):
+        with pytest.raises(DcpOptError, match="model.num_kv_heads"):
+            replace(m, num_kv_heads=bad)
 
 
 def test_mixed_cluster_validation():

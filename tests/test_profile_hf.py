@@ -113,6 +113,7 @@ def test_spec_matches_the_hf_config():
         # Exact parameter count of the full-depth model, though one layer was built.
         assert spec.num_params == sum(p.numel() for p in model.parameters())
         assert target.meta["num_kv_heads"] == 2 and target.meta["head_dim"] == 16
+        assert spec.kv_heads == 2  # the cost model charges the GQA all-to-all volume
     # Built from a config: one layer only, whatever the depth.
     built = hf_target(cfg).blocks["layer"].module
     assert sum(1 for _ in built.modules()) == sum(1 for _ in model.model.layers[0].modules())

@@ -29,7 +29,9 @@ from dcp_opt.plan import Group, MicroBatch, Plan
 
 TOL = 1e-9
 LENGTHS = [3, 20, 7, 12, 5, 9, 2, 16]
-MODELS = {"mha": {}, "gqa": {"num_kv_heads": 2}}  # 4 query heads; gqa: 2 kv heads
+# 4 query heads; gqa: 2 kv heads; gqa8: 8 query heads, 2 kv heads (at degree 4 the kv heads
+# travel repeated to 4, fewer than the 8 query heads: dcp_opt.model.ulysses_kv_heads)
+MODELS = {"mha": {}, "gqa": {"num_kv_heads": 2}, "gqa8": {"num_heads": 8, "num_kv_heads": 2}}
 PLANNERS = [p for p in ("greedy", "static_tuned", "bucket", "cpsat") if p in available_planners()]
 
 
@@ -161,14 +163,57 @@ def test_grad_equiv_hf_llama_plans(workers):
 
 
 @pytest.mark.dist
-def test_grad_equiv_hf_llama_grouped_query_heads(workers):
-    # 2 kv heads repeated to 4 before the all-to-all: a degree-w group over the whole batch.
+@pytest.mark.parametrize("model_key", ["gqa", "gqa8"])
+def test_grad_equiv_hf_llama_grouped_query_heads(workers, model_key):
+    # Only the kv heads each member needs travel (world 2: the 2 kv heads; world 4: 4 for
+    # gqa8); a degree-w group over the whole batch, and a planner's plan.
     batch = Batch.from_lengths(LENGTHS)
-    plans = hand_plans(workers.world_size, batch)[:1]
-    result = workers.run(job_plans, "gqa", batch.to_dict(), [plans[0].to_json()], 0)
-    for rank_result in result:
-        (loss_err, grad_err) = rank_result[0]
-        assert loss_err <= TOL and grad_err <= TOL, (loss_err, grad_err)
+    plans = hand_plans(workers.world_size, batch)[:1] + planner_plans(workers.world_size, batch)[:1]
+    texts = [p.to_json() for p in plans]
+    for rank_result in workers.run(job_plans, model_key, batch.to_dict(), texts, 0, wait_s=240):
+        for plan, (loss_err, grad_err) in zip(plans, rank_result, strict=True):
+            assert loss_err <= TOL and grad_err <= TOL, (plan.planner, loss_err, grad_err)
+
+
+def job_a2a_bytes(ctx, model_key: str, batch_dict: dict, plan_json: str) -> int:
+    """Bytes this rank hands to all_to_all_single during one executor step of `plan_json`."""
+    import torch.distributed as dist
+
+    batch, plan = Batch.from_dict(batch_dict), Plan.from_json(plan_json)
+    model, state, sent = fresh(model_key), SPState(), []
+    parallelize_hf(model, state)
+    real = dist.all_to_all_single
+
+    def counting(out, inp, *args, **kwargs):
+        sent.append(inp.numel() * inp.element_size())
+        return real(out, inp, *args, **kwargs)
+
+    dist.all_to_all_single = counting
+    try:
+        data, task = make_data(batch), HFCausalLMTask()
+        execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=0)
+    finally:
+        dist.all_to_all_single = real
+    return sum(sent)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("model_key", ["mha", "gqa", "gqa8"])
+def test_hf_all_to_all_volume_is_the_cost_models(workers, model_key):
+    """The runtime moves exactly the bytes the cost model charges (CostModel.
+    a2a_bytes_per_token: fewer kv heads under GQA), per layer forward, backward and
+    recomputed forward, on a whole-batch group of degree w."""
+    world = workers.world_size
+    batch = Batch.from_lengths([10, 22, 4])  # 36 tokens: no padding at degree 2 or 4
+    whole = [[_g(0, world, ((0, 1, 2), 1))]]
+    plan = make_plan(whole, batch, cost_for(world, batch), planner="hand-whole")
+    spec = llama_spec(base_model(model_key))
+    assert spec.kv_heads == MODELS[model_key].get("num_kv_heads", spec.num_heads)
+    cost = CostModel(spec, cost_for(world, batch).cluster)
+    calls = 2 * spec.num_layers + 1  # forward, backward, one recomputed layer's forward
+    want = calls * float(cost.a2a_bytes_per_token(world)) * batch.num_tokens / world
+    got = workers.run(job_a2a_bytes, model_key, batch.to_dict(), plan.to_json())
+    assert got == [want] * world
 
 
 def test_parallelize_hf_keeps_model_unmodified():
