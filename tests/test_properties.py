@@ -271,22 +271,36 @@ MEMORY_NOISE = 1e-6
 
 @pytest.mark.parametrize("name", MONOTONE_IN_MEMORY)
 def test_more_memory_never_predicts_slower(name):
-    # Doubling every GPU's memory keeps every old plan feasible (the fingerprint aside), so a
-    # planner that searches well should not predict a slower step.
+    # Doubling every GPU's memory keeps every old plan feasible (the fingerprint aside), so the
+    # optimum cannot get slower: a plan the planner proves optimal for the larger memory is no
+    # slower than its plan for the smaller one. Under the 0.2 s budget a plan that is only
+    # "feasible" (or the greedy fallback) carries no such claim: one nightly example (pinned
+    # below) found a 0.18 % slower feasible plan with twice the memory, equal at 5 s.
+    key = f"more_memory_never_predicts_slower[{name}]"
+
     @given(st.data())
     def prop(data):
-        EXAMPLES[f"more_memory_never_predicts_slower[{name}]"] += 1
+        EXAMPLES[key] += 1
         inst = data.draw(hs.instances(**sizes(name)))
-        c = inst.cluster
-        mems = None if c.memory_per_rank is None else [2 * m for m in c.memory_per_rank]
-        big = inst.cost.with_(
-            cluster=c.with_(memory_bytes=2 * c.memory_bytes, memory_per_rank=mems)
-        )
         small_t = run(name, inst).predicted_step_time_s
-        big_t = run(name, hs.Instance(big, inst.batch)).predicted_step_time_s
-        assert big_t <= small_t * (1 + MEMORY_NOISE), (big_t, small_t)
+        big = run(name, hs.Instance(doubled_memory(inst.cost), inst.batch))
+        if big.status == "optimal":  # up to its integer units (see solvers/cpsat.py)
+            EXAMPLES[f"{key} optimal"] += 1
+            slack = big.stats["optimal_within_s"]
+            assert big.predicted_step_time_s <= small_t * (1 + MEMORY_NOISE) + slack, (big, small_t)
 
+    before = EXAMPLES[key], EXAMPLES[f"{key} optimal"]
     budgeted(name, prop)()
+    ran, proved = EXAMPLES[key] - before[0], EXAMPLES[f"{key} optimal"] - before[1]
+    # Not vacuous: on these tiny instances CP-SAT proves most larger-memory plans optimal
+    # (~2/3 of 300 random ones at 0.2 s).
+    assert proved >= ran // 4, (proved, ran)
+
+
+def doubled_memory(cost):
+    c = cost.cluster
+    mems = None if c.memory_per_rank is None else [2 * m for m in c.memory_per_rank]
+    return cost.with_(cluster=c.with_(memory_bytes=2 * c.memory_bytes, memory_per_rank=mems))
 
 
 # ---- brute force on tiny instances -------------------------------------------------------
@@ -313,11 +327,13 @@ def test_brute_force_is_a_valid_plan_above_the_bound(shape, data):
     for name in PLANNERS:
         # a bound a planner claims (an LP, CP-SAT's own) is certified only if no valid plan
         # beats it: the best single-phase plan is one. cpsat at "optimal" must match or beat
-        # that plan (its search space contains every single-phase plan).
+        # that plan (its search space contains every single-phase plan) up to the rounding
+        # of its integer time units (stats["optimal_within_s"]; nightly found 0.5 unit).
         res = run(name, inst)
         assert res.lower_bound_s <= t * (1 + REL), (name, res.lower_bound_s, t)
-        if name == "cpsat" and res.status == "optimal":
-            assert res.predicted_step_time_s <= t * (1 + 1e-6), (res.predicted_step_time_s, t)
+        if name == "cpsat" and res.status == "optimal":  # up to its integer units
+            slack = res.stats["optimal_within_s"]
+            assert res.predicted_step_time_s <= t * (1 + 1e-6) + slack, (res, t)
 
 
 @pytest.mark.parametrize(
@@ -402,6 +418,26 @@ def test_cpsat_optimal_is_no_slower_than_brute_force_pinned(name):
     res = run(name, hs.Instance(cost, batch))
     assert res.status == "optimal"
     assert res.predicted_step_time_s <= t * (1 + 1e-6), (res.predicted_step_time_s, t)
+
+
+@pytest.mark.parametrize("name", [p for p in ("cpsat",) if p in PLANNERS])
+def test_cpsat_optimal_within_its_units_pinned(name):
+    # Found by the nightly brute-force property: Llama 7B, one node of 2 GPUs, sequences of 1
+    # and 131072 tokens. Best: both in one micro-batch at degree 2 recomputing 30 layers,
+    # 284.9118 s. cpsat keeps the greedy's 284.9190 s (the 1-token sequence in a phase of
+    # its own) and proves it "optimal": the 7 ms are half of one integer unit (the incumbent's
+    # finish / 20000), below what its model resolves. "optimal" holds up to
+    # stats["optimal_within_s"].
+    c = Cluster("hyp1x1", 1, 2, 268542857142.85715, 1e14, 100e9, 12.5e9)
+    cost = CostModel(
+        model_preset("llama-7b"), c, optimizer_sharding="none", usable_memory_fraction=0.7
+    )
+    batch = Batch((Sequence(0, (1,)), Sequence(1, (131072,))))
+    t, _ = brute_force(batch, cost)
+    res = run(name, hs.Instance(cost, batch))
+    assert res.status in ("optimal", "feasible")
+    assert res.predicted_step_time_s <= t * (1 + 1e-6) + res.stats["optimal_within_s"]
+    assert res.stats["optimal_within_s"] < 1e-3 * t
 
 
 LP = importlib.util.find_spec("dcp_opt.solvers.lp_bound") is not None
