@@ -111,6 +111,12 @@ BUILD_SHARE = 0.5  # the build may take at most this share of what is left for b
 CLASS_STEPS = (64, 32, 16, 8)  # cost classes: the most whose build fits
 MAX_SLOWNESS = 8.0  # wall / CPU of this call, capped (estimates below are CPU seconds)
 FULL_MODEL_S = 2.0  # budgets from this long get every slot and CP-SAT's presolve
+# Deterministic mode can make no wall-clock decision, so CP-SAT's limit is in its own
+# deterministic time, which ran 5-10x slower than wall seconds on this model (one worker,
+# 2-core dev CPU: a 0.2 s limit took 1.1-2.0 s on 28-306-sequence batches). The budget is
+# converted at this fixed rate, the same on every machine (so plans stay byte-identical):
+# 0.2 s buys 0.04 deterministic seconds, ~0.2-0.4 s of solve there.
+DET_TIME_PER_S = 0.2
 
 
 class _Clock:
@@ -295,7 +301,7 @@ def _solve(cost, inst, best, clock: _Clock, workers, seed, stats, params):
         setattr(p, key, value)
     left = clock.left() - _reserve(len(inst.ids), clock)
     if clock.det:
-        p.max_deterministic_time = max(clock.limit_s, 0.01)
+        p.max_deterministic_time = max(clock.limit_s * DET_TIME_PER_S, 0.002)
     elif left < MIN_SOLVE_S:
         return no_time
     else:
