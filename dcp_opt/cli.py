@@ -29,10 +29,10 @@ from .bench import (
     json_default,
     planner_kwargs,
 )
-from .cluster import GB, cluster_preset
+from .cluster import GB
 from .cost import SHARDING_MODES, CostModel
 from .errors import DcpOptError
-from .model import model_preset
+from .inputs import cost_model, load_cluster, profile_kind
 from .plan import Plan
 from .profile_cli import add_profile_parser
 from .simulate import SimResult, simulate
@@ -66,18 +66,27 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0); planner seed")
     p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
-    p.add_argument("--cluster", default="h200x32", help="cluster preset (default h200x32)")
+    p.add_argument("--cluster", default="h200x32", help=f"{CLUSTER_HELP} (default h200x32)")
     p.add_argument(
         "--model",
         default=None,
-        help=f"model preset (default: {DEFAULT_MODELS['1d']} for 1D, "
-        f"{DEFAULT_MODELS['2d']} for 2D batches)",
+        help=f"{MODEL_HELP} (default: the profile's model, else {DEFAULT_MODELS['1d']} for "
+        f"1D, {DEFAULT_MODELS['2d']} for 2D batches)",
     )
+    p.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
     p.add_argument("--optimizer-sharding", default="zero1", choices=SHARDING_MODES)
 
 
+CLUSTER_HELP = "cluster preset or Cluster JSON file"
+MODEL_HELP = "model preset or ModelSpec JSON file"
+PROFILE_HELP = (
+    "profile JSON from `dcp-opt profile`: plan with its measured cost model (its model, or "
+    "--model if that has the same layers)"
+)
+
+
 def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
-    cluster = cluster_preset(args.cluster)
+    cluster = load_cluster(args.cluster)
     if args.lengths is not None:
         batch = load_batch(args.lengths)
     else:
@@ -87,13 +96,15 @@ def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
             num_gpus=cluster.num_gpus,
             tokens_per_gpu=args.tokens_per_gpu,
         )
-    model = model_preset(args.model or DEFAULT_MODELS[batch.kind])
-    if model.kind != batch.kind:
-        raise DcpOptError(
-            f"model: {model.name!r} is a {model.kind} model but the batch holds "
-            f"{batch.kind} sequences"
-        )
-    return batch, CostModel(model, cluster, optimizer_sharding=args.optimizer_sharding)
+    cost = cost_model(
+        kind=batch.kind,
+        cluster=cluster,
+        model=args.model,
+        profile=args.profile,
+        default_model=DEFAULT_MODELS[batch.kind],
+        optimizer_sharding=args.optimizer_sharding,
+    )
+    return batch, cost
 
 
 def _write(path: str, text: str, field: str) -> None:
@@ -284,13 +295,19 @@ def cmd_show(args: argparse.Namespace) -> int:
 # ---- bench -------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="every planner on every standard workload")
-    p.add_argument("--cluster", default="h200x32")
+    p.add_argument("--cluster", default="h200x32", help="cluster preset (default h200x32)")
     p.add_argument("--workloads", default=None, help="comma-separated (default: all six)")
     p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
     p.add_argument("--batches", type=int, default=DEFAULT_NUM_BATCHES, help="seeds per workload")
     p.add_argument("--seed", type=int, default=0, help="first seed")
-    p.add_argument("--model-1d", default=DEFAULT_MODELS["1d"])
-    p.add_argument("--model-2d", default=DEFAULT_MODELS["2d"])
+    for kind in ("1d", "2d"):
+        p.add_argument(f"--model-{kind}", help=f"{MODEL_HELP} (default {DEFAULT_MODELS[kind]})")
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="profile JSON from `dcp-opt profile`: the cost model of the workloads of its "
+        "model's kind (1d or 2d); the other kind keeps its model",
+    )
     p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
     p.add_argument("--json", metavar="OUT", help="write every figure here (see dcp_opt.bench)")
@@ -311,12 +328,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         planners=_split(args.planners),
         num_batches=args.batches,
         first_seed=args.seed,
-        models={"1d": args.model_1d, "2d": args.model_2d},
         tokens_per_gpu=args.tokens_per_gpu,
         planner_options={"time_limit_s": args.time_limit},
     )
+    make_cost, costs = _bench_costs(args)
     with _progress(disabled=args.no_progress) as (on_start, on_done):
-        doc = run_bench(config, on_start=on_start, on_done=on_done)
+        doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
+    _label_models(doc, {k: c.model.name for k, c in costs.items()}, args.profile)
     Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
     for line in error_lines(doc):
         _note(line)
@@ -324,6 +342,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     failed = any(not r["all_valid"] for r in doc["summary"])
     return EXIT_FAILED if (args.strict and failed) else 0
+
+
+def _bench_costs(args: argparse.Namespace):
+    """(make_cost for run_bench, the cost models it built by kind). run_bench hands make_cost
+    the default preset model of each kind; the user's model file or profile replaces it."""
+    if Path(args.cluster).exists():  # run_bench sizes its batches by a preset's GPU count
+        raise DcpOptError(
+            f"cluster: bench takes a preset name, got the file {args.cluster!r}; "
+            "plan, simulate, show and whatif take a cluster file"
+        )
+    models = {"1d": args.model_1d, "2d": args.model_2d}
+    kind_of_profile = profile_kind(args.profile) if args.profile else None
+    costs: dict[str, CostModel] = {}
+
+    def make_cost(preset, cluster) -> CostModel:
+        k = preset.kind
+        costs[k] = cost_model(
+            kind=k,
+            cluster=cluster,
+            model=models[k],
+            profile=args.profile if k == kind_of_profile else None,
+            default_model=preset.name,
+            source=f"each {k} workload",
+        )
+        return costs[k]
+
+    return make_cost, costs
+
+
+def _label_models(doc: dict, names: dict[str, str], profile: str | None) -> None:
+    """Name the models bench ran (BenchConfig holds the preset names it was given)."""
+    from .workloads import Workload
+
+    doc["config"].update(models=names, profile=profile)
+    for row in doc["summary"]:
+        row["model"] = names[Workload.parse(row["workload"]).kind]
 
 
 class _progress:
@@ -366,8 +420,9 @@ def _add_whatif(sub) -> None:
     src.add_argument(
         "--histogram", metavar="FILE", help="CSV rows length,count or frames,height,width,count"
     )
-    p.add_argument("--cluster", default=d.cluster, help=f"cluster preset (default {d.cluster})")
-    p.add_argument("--model", default=None, help="model preset (default by the input's kind)")
+    p.add_argument("--cluster", default=d.cluster, help=f"{CLUSTER_HELP} (default {d.cluster})")
+    p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default by the input's kind)")
+    p.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
     p.add_argument("--batches", type=int, default=d.num_batches, help="sampled global batches")
     p.add_argument("--sweep-batches", type=int, default=d.sweep_batches)
     p.add_argument("--gpus", default=",".join(map(str, d.gpus)), help="GPU counts to sweep")
@@ -407,9 +462,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         dist = LengthDistribution.from_histogram(args.histogram)
     else:
         dist = LengthDistribution.from_lengths(args.lengths)
-    config = WhatIfConfig(
-        cluster=args.cluster,
+    cost = cost_model(
+        kind=dist.kind,
+        cluster=load_cluster(args.cluster),
         model=args.model,
+        profile=args.profile,
+        default_model=DEFAULT_MODELS[dist.kind],
+        source=dist.source,
+        optimizer_sharding=args.optimizer_sharding,
+    )
+    config = WhatIfConfig(
+        cluster=cost.cluster.name,
+        model=cost.model.name,
         num_batches=args.batches,
         sweep_batches=args.sweep_batches,
         gpus=_numbers(args.gpus, "gpus", int),
@@ -422,7 +486,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     )
     status = None if args.no_progress else Console(stderr=True).status("what-if")
     with status or nullcontext():
-        doc = run_whatif(dist, config, progress=status.update if status else lambda m: None)
+        doc = run_whatif(
+            dist, config, cost=cost, progress=status.update if status else lambda m: None
+        )
     console = Console(soft_wrap=False, width=max(Console().width, 120))
     for table in render_tables(doc):
         console.print(table)

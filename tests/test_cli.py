@@ -10,7 +10,17 @@ from pathlib import Path
 import dcp_opt.solvers as solvers
 import pytest
 
-from dcp_opt import Batch, CostModel, Plan, cluster_preset, model_preset, simulate, validate
+from dcp_opt import (
+    Batch,
+    Cluster,
+    CostModel,
+    ModelSpec,
+    Plan,
+    cluster_preset,
+    model_preset,
+    simulate,
+    validate,
+)
 from dcp_opt.bench import BENCH_SCHEMA, BenchConfig, planner_kwargs, run_bench
 from dcp_opt.cli import main
 from tests import stub_planners
@@ -450,3 +460,196 @@ def test_summary_json_takes_numpy_planner_stats(stubs, monkeypatch, tmp_path):
     argv = ["plan", "--lengths", lengths, "--cluster", "h200x8", "--planner", "stub_np"]
     assert main([*argv, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["stats"] == {"nodes": 3, "bounds": [0, 1]}
+
+
+# ---- the user's own cost model: --profile, model and cluster files -----------------------------
+LLAMA_1B = model_preset("llama-1b")
+# 3 nodes x 4 GPUs: no preset has this shape.
+A100_3X4 = {
+    "name": "a100-3x4",
+    "num_nodes": 3,
+    "gpus_per_node": 4,
+    "memory_bytes": 80e9,
+    "peak_flops": 312e12,
+    "intra_node_bw": 300e9,
+    "inter_node_bw": 25e9,
+}
+
+
+def _profile_file(tmp_path: Path) -> str:
+    """A profile of llama-1b with a runtime calibration (x1.25 compute, +2 ms per micro-batch,
+    a measured gradient sync at world 8): its cost model is not the preset's."""
+    from dcp_opt.profile_io import save_profile
+    from tests.test_profile_io import _calibrated
+
+    return str(save_profile(_calibrated(LLAMA_1B), tmp_path / "lm.profile.json"))
+
+
+def _json_file(tmp_path: Path, name: str, doc) -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def _api_step_time(profile: str, model: ModelSpec, batch: Batch, cluster: str) -> float:
+    """What the Python API predicts for greedy's plan with the profile's cost model."""
+    from dcp_opt.solvers import get_planner
+
+    from dcp_opt.profile_io import cost_model_from_profile
+
+    cost = cost_model_from_profile(profile, model, cluster_preset(cluster))
+    return simulate(get_planner("greedy")(batch, cost).plan, batch, cost).step_time_s
+
+
+def test_plan_with_a_profile_is_the_python_apis_plan(tmp_path, capsys):
+    from dcp_opt.workloads import standard_batch
+
+    prof = _profile_file(tmp_path)
+    argv = ["plan", "--workload", "1d-balanced", "--cluster", "h200x8", "--planner", "greedy"]
+    argv += ["--tokens-per-gpu", "8192"]
+    got, preset = tmp_path / "p.json", tmp_path / "preset.json"
+    assert main([*argv, "--profile", prof, "--json", str(got)]) == 0
+    assert main([*argv, "--model", "llama-1b", "--json", str(preset)]) == 0
+    s, s_preset = json.loads(got.read_text()), json.loads(preset.read_text())
+    batch = standard_batch("1d-balanced", 0, num_gpus=8, tokens_per_gpu=8192)
+    want = _api_step_time(prof, LLAMA_1B, batch, "h200x8")
+    assert s["predicted_step_time_s"] == pytest.approx(want, rel=1e-12)
+    assert s["model"] == "llama-1b"
+    # the calibration slows compute by 1.25x: far from the preset's FLOP-based figure
+    assert s["predicted_step_time_s"] > 1.1 * s_preset["predicted_step_time_s"]
+
+
+def test_model_and_cluster_json_files_plan_and_validate(tmp_path, capsys):
+    spec = {**LLAMA_1B.to_dict(), "name": "my-lm", "num_layers": 20, "num_kv_heads": 8}
+    model = _json_file(tmp_path, "my-lm.json", spec)
+    cluster = _json_file(tmp_path, "c.json", {"cluster": A100_3X4})  # wrapped form
+    lengths = _lengths(tmp_path, "4096\n70000\n1024\n16384\n300\n")
+    common = ["--lengths", lengths, "--model", model, "--cluster", cluster]
+    plan_path, summary = tmp_path / "plan.json", tmp_path / "s.json"
+    assert main(["plan", *common, "--out", str(plan_path), "--json", str(summary)]) == 0
+    s = json.loads(summary.read_text())
+    assert (s["model"], s["cluster"]) == ("my-lm", "a100-3x4")
+    batch = Batch.from_lengths([4096, 70000, 1024, 16384, 300])
+    cost = CostModel(ModelSpec.from_dict(spec), Cluster.from_dict(A100_3X4))
+    plan = Plan.from_json(plan_path.read_text())
+    assert validate(plan, batch, cost) == []
+    assert s["predicted_step_time_s"] == pytest.approx(simulate(plan, batch, cost).step_time_s)
+    assert main(["simulate", str(plan_path), *common]) == 0
+
+
+def test_a_profiles_model_section_serves_as_a_model_file(tmp_path, capsys):
+    lengths = _lengths(tmp_path, "4096\n")
+    prof = _profile_file(tmp_path)
+    out = tmp_path / "s.json"
+    assert main(["plan", "--lengths", lengths, "--cluster", "h200x8", "--model", prof]) == 0
+    assert main(["plan", "--lengths", lengths, "--cluster", "h200x8", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["model"] == "llama-7b"  # the default, for comparison
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "text, extra, field",
+    [
+        # --model names another layer shape than the profile measured: both are named
+        ("100\n", ["--model", "llama-7b"], "measured for model 'llama-1b', whose layers differ"),
+        ("1,9,16\n", [], "'llama-1b' is a 1d model but the batch holds 2d sequences"),
+    ],
+)
+def test_profile_mismatches_are_one_line(tmp_path, capsys, text, extra, field):
+    lengths = _lengths(tmp_path, text)
+    prof = _profile_file(tmp_path)
+    assert main(["plan", "--lengths", lengths, "--cluster", "h200x8", "--profile", prof, *extra])
+    line = _one_error_line(capsys)
+    assert field in line and "lm.profile.json" in line, line
+
+
+def test_profile_with_a_model_of_the_same_layers_and_another_depth(tmp_path, capsys):
+    # The profile measured one layer; a 32-layer model of that layer is planned with it.
+    deep = {**LLAMA_1B.to_dict(), "name": "deep-lm", "num_layers": 32, "num_params": None}
+    argv = ["plan", "--lengths", _lengths(tmp_path, "4096\n"), "--cluster", "h200x8"]
+    argv += ["--profile", _profile_file(tmp_path), "--json"]
+    out, out_deep = tmp_path / "s.json", tmp_path / "deep.json"
+    assert main([*argv, str(out)]) == 0
+    assert main([*argv, str(out_deep), "--model", _json_file(tmp_path, "m.json", deep)]) == 0
+    s, s_deep = json.loads(out.read_text()), json.loads(out_deep.read_text())
+    assert (s["model"], s_deep["model"]) == ("llama-1b", "deep-lm")
+    # the Python API's figure for the deep model with this profile
+    batch = Batch.from_lengths([4096])
+    want = _api_step_time(argv[6], ModelSpec.from_dict(deep), batch, "h200x8")
+    assert s_deep["predicted_step_time_s"] == pytest.approx(want, rel=1e-12)
+    assert s_deep["predicted_step_time_s"] > s["predicted_step_time_s"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "flag, content, field",
+    [
+        ("--model", '{"kind": "1d", "num_layers": 2, "hidden": 64', "m.json: not valid JSON"),
+        ("--model", {**LLAMA_1B.to_dict(), "hidden": "x"}, "m.json: model.hidden: must be"),
+        ("--model", {**LLAMA_1B.to_dict(), "kind": "3d"}, "m.json: model.kind: '3d' not allowed"),
+        ("--model", {"kind": "1d", "hidden": 64}, "m.json: model: ModelSpec.__init__() missing"),
+        ("--model", [1, 2], "m.json: expected a JSON object, got list"),
+        ("--cluster", {**A100_3X4, "memory_bytes": "80GB"}, "m.json: cluster.memory_bytes"),
+        ("--cluster", {**A100_3X4, "speed_factors": 5}, "m.json: cluster.speed_factors"),
+        ("--cluster", {**A100_3X4, "num_nodes": 0}, "m.json: cluster.num_nodes"),
+        ("--profile", {"kind": "1d"}, "m.json: profile.schema_version: missing"),
+    ],
+)
+def test_bad_model_cluster_or_profile_file_is_one_line(tmp_path, capsys, flag, content, field):
+    f = tmp_path / "m.json"
+    f.write_text(content if isinstance(content, str) else json.dumps(content))
+    assert main(["plan", "--lengths", _lengths(tmp_path, "100\n"), flag, str(f)]) == 2
+    assert field in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flag", ["--model", "--cluster"])
+def test_unknown_preset_mentions_json_files(tmp_path, capsys, flag):
+    assert main(["plan", "--lengths", _lengths(tmp_path, "100\n"), flag, "nope.json"]) == 2
+    line = _one_error_line(capsys)
+    assert "unknown preset 'nope.json'" in line and line.endswith("or a JSON file")
+
+
+def test_whatif_with_a_profile_is_run_whatif_with_its_cost(tmp_path, capsys):
+    from dcp_opt.histogram import LengthDistribution
+    from dcp_opt.profile_io import cost_model_from_profile
+    from dcp_opt.whatif import WhatIfConfig, run_whatif
+
+    prof = _profile_file(tmp_path)
+    lengths = _lengths(tmp_path, "128\n4096\n4096\n30000\n")
+    out = tmp_path / "w.json"
+    argv = ["whatif", "--lengths", lengths, "--cluster", "h200x8", "--planners", "bucket"]
+    argv += ["--batches", "1", "--sweep-batches", "1", "--gpus", "8", "--inter-bw-scale", "1"]
+    argv += ["--tokens-per-gpu", "4096", "--no-progress", "--profile", prof, "--json", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    config = WhatIfConfig("h200x8", None, 1, 1, (8,), (1.0,), 4096, ("bucket",))
+    cost = cost_model_from_profile(prof, LLAMA_1B, cluster_preset("h200x8"))
+    want = run_whatif(LengthDistribution.from_lengths(lengths), config, cost=cost)
+    assert doc["config"]["model"] == "llama-1b"
+    got, ref = doc["planners"][0], want["planners"][0]
+    assert got["median_step_time_s"] == pytest.approx(ref["median_step_time_s"], rel=1e-12)
+
+
+def test_bench_profile_replaces_the_model_of_its_kind_only(tmp_path, capsys):
+    from dcp_opt.profile_io import cost_model_from_profile
+
+    prof = _profile_file(tmp_path)
+    out = tmp_path / "b.json"
+    argv = ["bench", "--batches", "1", "--workloads", "1d-short,2d-short", "--cluster", "h200x8"]
+    argv += ["--planners", "bucket", "--tokens-per-gpu", "4096", "--no-progress"]
+    assert main([*argv, "--profile", prof, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+
+    def make_cost(model, cluster):
+        if model.kind == "2d":
+            return CostModel(model, cluster)
+        return cost_model_from_profile(prof, LLAMA_1B, cluster)
+
+    config = BenchConfig("h200x8", ("1d-short", "2d-short"), ("bucket",), 1, tokens_per_gpu=4096)
+    want = run_bench(config, make_cost=make_cost)
+    assert doc["config"]["models"] == {"1d": "llama-1b", "2d": "opensora-stdit3-xl"}
+    assert [r["model"] for r in doc["summary"]] == ["llama-1b", "opensora-stdit3-xl"]
+    for got, ref in zip(doc["summary"], want["summary"], strict=True):
+        assert got["median_step_time_s"] == pytest.approx(ref["median_step_time_s"], rel=1e-12)
+    assert main([*argv, "--cluster", _json_file(tmp_path, "c.json", A100_3X4)]) == 2
+    assert "bench takes a preset name" in _one_error_line(capsys)

@@ -1,0 +1,175 @@
+"""What the CLI's `--model`, `--cluster` and `--profile` name, resolved to library objects.
+
+`--model` and `--cluster` take a preset name or a JSON file (`ModelSpec.to_dict()` /
+`Cluster.to_dict()`; `{"model": {...}}` / `{"cluster": {...}}` too, so a profile's model section
+serves as a model file). An existing path is a file, anything else a preset name. `--profile`
+takes a profile JSON (dcp_opt.profile_io): the cost model comes from its measured
+coefficients and its ModelSpec, unless `--model` names a model with the same layers (another
+depth: the profile extrapolates). Every error is a DcpOptError naming the file and the field.
+
+    cluster = load_cluster("a100x48.json")
+    cost = cost_model(kind="1d", cluster=cluster, model=None, profile="lm.profile.json")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .cluster import Cluster, cluster_preset
+from .cost import CostModel
+from .errors import DcpOptError
+from .model import ModelSpec, model_preset
+
+# A bigger cluster is a typo, and planning for it would not finish (batches scale with it).
+MAX_GPUS = 1 << 16
+_CLUSTER_NUMBERS = (
+    "memory_bytes",
+    "peak_flops",
+    "intra_node_bw",
+    "inter_node_bw",
+    "intra_node_latency_s",
+    "inter_node_latency_s",
+)
+
+
+def load_model(arg: str) -> ModelSpec:
+    """A model preset, or a ModelSpec JSON file (`name` defaults to the file's stem)."""
+    if not Path(arg).exists():
+        return _preset(model_preset, arg)
+    d = _read_object(arg, "model")
+    d.setdefault("name", Path(arg).stem)
+    try:
+        if not isinstance(d["name"], str):
+            raise DcpOptError(f"model.name: must be a string, got {d['name']!r}")
+        return ModelSpec.from_dict(d)
+    except (DcpOptError, TypeError, ValueError) as e:
+        raise DcpOptError(f"model file {Path(arg).name}: {e}") from None
+
+
+def load_cluster(arg: str) -> Cluster:
+    """A cluster preset, or a Cluster JSON file (`name` defaults to the file's stem)."""
+    if not Path(arg).exists():
+        return _preset(cluster_preset, arg)
+    d = _read_object(arg, "cluster")
+    d.setdefault("name", Path(arg).stem)
+    where = f"cluster file {Path(arg).name}"
+    try:
+        _check_cluster_types(d)
+        cluster = Cluster.from_dict(d)
+    except (DcpOptError, TypeError, ValueError) as e:
+        raise DcpOptError(f"{where}: {e}") from None
+    if cluster.num_gpus > MAX_GPUS:
+        raise DcpOptError(
+            f"{where}: cluster.num_nodes x gpus_per_node: {cluster.num_gpus} GPUs; "
+            f"at most {MAX_GPUS}"
+        )
+    return cluster
+
+
+def cost_model(
+    *,
+    kind: str,
+    cluster: Cluster,
+    model: str | None,
+    profile: str | None,
+    default_model: str,
+    source: str = "the batch",
+    **cost_kw: Any,
+) -> CostModel:
+    """The cost model for inputs of `kind` ("1d"/"2d") that `source` holds: from `profile`
+    when given (with `model`'s depth if it names the same layers), else from the model's
+    FLOP-based coefficients (`model`, or `default_model`)."""
+    if profile is None:
+        spec = load_model(model or default_model)
+        _check_kind(spec, kind, source, "model")
+        return CostModel(spec, cluster, **cost_kw)
+    from .profile_io import check_profile_matches, cost_model_from_profile, load_profile
+
+    prof = _named(profile, load_profile, profile)
+    spec = prof.model if model is None else load_model(model)
+    if model is not None:
+        _named(profile, check_profile_matches, prof, spec)
+    _check_kind(spec, kind, source, f"profile {Path(profile).name}")
+    return _named(profile, cost_model_from_profile, profile, spec, cluster, **cost_kw)
+
+
+def profile_kind(profile: str) -> str:
+    """The kind ("1d"/"2d") of the model a profile file was measured for."""
+    from .profile_io import load_profile
+
+    return _named(profile, load_profile, profile).model.kind
+
+
+def _check_kind(spec: ModelSpec, kind: str, source: str, what: str) -> None:
+    if spec.kind != kind:
+        raise DcpOptError(
+            f"{what}: {spec.name!r} is a {spec.kind} model but {source} holds {kind} sequences"
+        )
+
+
+def _named(path: str, fn, *args, **kw):
+    """fn(...), its DcpOptError naming the profile file if it does not already."""
+    try:
+        return fn(*args, **kw)
+    except DcpOptError as e:
+        name = Path(path).name
+        raise DcpOptError(str(e) if name in str(e) else f"profile {name}: {e}") from None
+
+
+def _preset(lookup, name: str):
+    try:
+        return lookup(name)
+    except DcpOptError as e:
+        raise DcpOptError(f"{e} or a JSON file") from None
+
+
+def _read_object(path: str, key: str) -> dict:
+    """The JSON object in `path`; `{key: {...}}` is unwrapped (a profile's model section)."""
+    name = Path(path).name
+    try:
+        d = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise DcpOptError(f"{key} file {name}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise DcpOptError(f"{key} file {name}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise DcpOptError(
+            f"{key} file {name}: not valid JSON ({e.msg} at line {e.lineno})"
+        ) from None
+    except RecursionError:  # "[[[[...": a recursion bomb, not a model
+        raise DcpOptError(f"{key} file {name}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer past Python's 4300-digit limit
+        raise DcpOptError(f"{key} file {name}: not valid JSON ({e})") from None
+    if isinstance(d, dict) and isinstance(d.get(key), dict):
+        d = d[key]
+    if not isinstance(d, dict):
+        raise DcpOptError(f"{key} file {name}: expected a JSON object, got {type(d).__name__}")
+    return dict(d)
+
+
+def _check_cluster_types(d: dict) -> None:
+    """Types Cluster's own checks assume (it compares numbers, and would raise TypeError)."""
+    if not isinstance(d.get("name"), str):
+        raise DcpOptError(f"cluster.name: must be a string, got {d.get('name')!r}")
+    for f in _CLUSTER_NUMBERS:
+        if f in d and not (_real(d[f]) and d[f] >= 0):
+            raise DcpOptError(f"cluster.{f}: must be a finite number >= 0, got {d[f]!r}")
+    for f in ("speed_factors", "memory_per_rank", "degrees"):
+        v = d.get(f)
+        if v is not None and not (isinstance(v, list) and all(_real(x) for x in v)):
+            raise DcpOptError(f"cluster.{f}: must be a list of finite numbers or null, got {v!r}")
+    degrees = d.get("degrees") or []
+    if any(not isinstance(x, int) for x in degrees):
+        raise DcpOptError(f"cluster.degrees: must be integers, got {degrees!r}")
+
+
+def _real(x: Any) -> bool:
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer too big for a float
+        return False
