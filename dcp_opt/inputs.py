@@ -37,7 +37,7 @@ _CLUSTER_NUMBERS = (
 
 def load_model(arg: str) -> ModelSpec:
     """A model preset, or a ModelSpec JSON file (`name` defaults to the file's stem)."""
-    if not Path(arg).exists():
+    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
         return _preset(model_preset, arg)
     d = _read_object(arg, "model")
     d.setdefault("name", Path(arg).stem)
@@ -51,7 +51,7 @@ def load_model(arg: str) -> ModelSpec:
 
 def load_cluster(arg: str) -> Cluster:
     """A cluster preset, or a Cluster JSON file (`name` defaults to the file's stem)."""
-    if not Path(arg).exists():
+    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
         return _preset(cluster_preset, arg)
     d = _read_object(arg, "cluster")
     d.setdefault("name", Path(arg).stem)

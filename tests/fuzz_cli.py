@@ -1,10 +1,14 @@
 """CLI-argument fuzz cases for tests/fuzzing.py: every subcommand of `dcp-opt`, with values
-drawn from pools of good and bad ones, fixture files good and bad, and junk tokens."""
+drawn from pools of good and bad ones, fixture files good and bad, and junk tokens.
+`--model`, `--cluster` and `--profile` also get JSON files: good ones, hand-made bad ones, and
+a good one mutated at random (tests/fuzzing.py's `mutated_json`)."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -56,6 +60,7 @@ COMMANDS = {
         "--workload",
         "--cluster",
         "--model",
+        "--profile",
         "--planner",
         "--seed",
         "--tokens-per-gpu",
@@ -71,6 +76,7 @@ COMMANDS = {
         "--workload",
         "--cluster",
         "--model",
+        "--profile",
         "--json",
         "--ignore-fingerprint",
         "--tokens-per-gpu",
@@ -84,13 +90,26 @@ COMMANDS = {
         "--json",
         "--time-limit",
         "--strict",
+        "--profile",
+        "--model-1d",
+        "--model-2d",
     ],
-    "show": ["PLAN", "--lengths", "--cluster", "--model", "--out", "--dpi", "--ignore-fingerprint"],
+    "show": [
+        "PLAN",
+        "--lengths",
+        "--cluster",
+        "--model",
+        "--profile",
+        "--out",
+        "--dpi",
+        "--ignore-fingerprint",
+    ],
     "whatif": [
         "--lengths",
         "--histogram",
         "--cluster",
         "--model",
+        "--profile",
         "--batches",
         "--sweep-batches",
         "--gpus",
@@ -104,6 +123,60 @@ COMMANDS = {
     "profile": ["-o", "--force", "--quick"],
 }
 FLAGS = ("--ignore-fingerprint", "--strict", "--no-progress", "--force", "--quick")
+# Options that take a model, cluster or profile file; which good document each starts from.
+SPEC_FLAGS = {
+    "--model": "model",
+    "--model-1d": "model",
+    "--model-2d": "model",
+    "--cluster": "cluster",
+    "--profile": "profile",
+}
+# The good documents: a small model and cluster, and a profile of llama-1b.
+FUZZ_MODEL = {**model_preset("llama-1b").to_dict(), "name": "fuzz-lm", "num_layers": 4}
+FUZZ_CLUSTER = {**cluster_preset("h200x8").to_dict(), "name": "fuzz-2x4", "num_nodes": 2}
+FUZZ_CLUSTER["gpus_per_node"] = 4
+# Bad files every spec flag may get: broken JSON, wrong shapes, wrong types, a bomb.
+BAD_SPECS = {
+    "truncated": '{"kind": "1d", "num_layers": 2',
+    "list": "[1, 2]",
+    "bomb": "[" * 100_000 + "]" * 100_000,
+    "wrong_types": json.dumps({**FUZZ_MODEL, "hidden": "big", "memory_bytes": "80GB"}),
+    "huge_cluster": json.dumps({**FUZZ_CLUSTER, "num_nodes": 2**40}),
+    "empty": "",
+}
+
+
+def spec_docs() -> dict[str, dict]:
+    from tests.fuzzing import profile_base  # (fuzzing imports this module)
+
+    return {"model": FUZZ_MODEL, "cluster": FUZZ_CLUSTER, "profile": profile_base() or {}}
+
+
+def _spec_file(text: str) -> str:
+    """`text` in a file of the fixture folder, named by its hash (a case replays the same)."""
+    d = Path(cli_files()["dir"]).parent / "specs"
+    d.mkdir(exist_ok=True)
+    p = d / f"{hashlib.sha256(text.encode(errors='surrogatepass')).hexdigest()[:16]}.json"
+    if not p.exists():
+        p.write_text(text, errors="surrogatepass")
+    return str(p)
+
+
+@st.composite
+def spec_value(draw, opt: str) -> str:
+    """A preset name, a good file of any kind (the wrong kind is an error too), a bad file,
+    or the good document of this kind mutated."""
+    from tests.fuzzing import mutated_json
+
+    docs = spec_docs()
+    how = draw(st.sampled_from(["preset", "good", "bad", "mutated", "mutated"]))
+    if how == "preset" and opt in VALUE_POOLS:
+        return draw(st.sampled_from(VALUE_POOLS[opt]))
+    if how == "good":
+        return _spec_file(json.dumps(docs[draw(st.sampled_from(sorted(docs)))]))
+    if how == "bad":
+        return _spec_file(BAD_SPECS[draw(st.sampled_from(sorted(BAD_SPECS)))])
+    return _spec_file(draw(mutated_json(docs[SPEC_FLAGS[opt]])))
 
 
 @cache
@@ -180,6 +253,8 @@ def cli_cases(draw) -> list[str]:
         elif opt in ("--out", "--json", "--plot", "-o"):
             key = draw(st.sampled_from(["out_file", "dir", "png"]))
             argv += [opt, files[key]]
+        elif opt in SPEC_FLAGS:
+            argv += [opt, draw(spec_value(opt))]
         else:
             argv += [opt, draw(st.sampled_from(VALUE_POOLS[opt]))]
     if cmd == "profile":
