@@ -54,9 +54,10 @@ from typing import Any
 
 from .batch import Batch
 from .bounds import lower_bound
-from .cluster import Cluster, cluster_preset
+from .cluster import Cluster
 from .cost import CostModel
 from .errors import DcpOptError
+from .inputs import load_cluster
 from .model import ModelSpec, model_preset
 from .simulate import simulate
 from .validate import validate
@@ -294,7 +295,7 @@ def run_bench(
     `on_start(total)` and `on_done(workload, planner)` drive a progress display.
     """
     started = time.perf_counter()
-    cluster = cluster_preset(config.cluster)
+    cluster = load_cluster(config.cluster)  # a preset name or a Cluster JSON file
     planners, skipped = select_planners(config.planners)
     _import_planners(planners)
     costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}

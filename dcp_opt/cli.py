@@ -295,7 +295,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 # ---- bench -------------------------------------------------------------------------------------
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="every planner on every standard workload")
-    p.add_argument("--cluster", default="h200x32", help="cluster preset (default h200x32)")
+    p.add_argument("--cluster", default="h200x32", help=f"{CLUSTER_HELP} (default h200x32)")
     p.add_argument("--workloads", default=None, help="comma-separated (default: all six)")
     p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
     p.add_argument("--batches", type=int, default=DEFAULT_NUM_BATCHES, help="seeds per workload")
@@ -347,11 +347,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_costs(args: argparse.Namespace):
     """(make_cost for run_bench, the cost models it built by kind). run_bench hands make_cost
     the default preset model of each kind; the user's model file or profile replaces it."""
-    if Path(args.cluster).exists():  # run_bench sizes its batches by a preset's GPU count
-        raise DcpOptError(
-            f"cluster: bench takes a preset name, got the file {args.cluster!r}; "
-            "plan, simulate, show and whatif take a cluster file"
-        )
     models = {"1d": args.model_1d, "2d": args.model_2d}
     kind_of_profile = profile_kind(args.profile) if args.profile else None
     costs: dict[str, CostModel] = {}

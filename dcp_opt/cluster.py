@@ -6,6 +6,8 @@ SP degrees exist and where a group of each degree may be placed.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
@@ -38,29 +40,53 @@ class Cluster:
     degrees: tuple[int, ...] | None = field(default=None)
 
     def __post_init__(self) -> None:
+        # Types first: a cluster file (CLI --cluster, a hand-edited JSON) must fail here,
+        # naming the field, not with a TypeError from a comparison below.
+        require(isinstance(self.name, str), "cluster.name", f"must be a string, got {self.name!r}")
         require(
-            isinstance(self.num_nodes, int) and self.num_nodes >= 1,
+            _int(self.num_nodes) and self.num_nodes >= 1,
             "cluster.num_nodes",
             f"must be an integer >= 1, got {self.num_nodes!r}",
         )
         require(
-            isinstance(self.gpus_per_node, int) and self.gpus_per_node >= 1,
+            _int(self.gpus_per_node) and self.gpus_per_node >= 1,
             "cluster.gpus_per_node",
             f"must be an integer >= 1, got {self.gpus_per_node!r}",
         )
         for name in ("memory_bytes", "peak_flops", "intra_node_bw", "inter_node_bw"):
             value = getattr(self, name)
-            require(value > 0, f"cluster.{name}", f"must be > 0, got {value!r}")
+            require(
+                _real(value) and value > 0,
+                f"cluster.{name}",
+                f"must be a finite number > 0, got {value!r}",
+            )
+        for name in ("intra_node_latency_s", "inter_node_latency_s"):
+            value = getattr(self, name)
+            require(
+                _real(value) and value >= 0,
+                f"cluster.{name}",
+                f"must be a finite number >= 0, got {value!r}",
+            )
+        for name in ("speed_factors", "memory_per_rank", "degrees"):
+            if isinstance(getattr(self, name), list):  # hashable, as a frozen dataclass should be
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         n = self.num_gpus
         for name in ("speed_factors", "memory_per_rank"):
             value = getattr(self, name)
             if value is not None:
                 require(
-                    len(value) == n and all(v > 0 for v in value),
+                    isinstance(value, tuple)
+                    and len(value) == n
+                    and all(_real(v) and v > 0 for v in value),
                     f"cluster.{name}",
                     f"must hold {n} positive numbers (one per rank), got {value!r}",
                 )
         if self.degrees is not None:
+            require(
+                isinstance(self.degrees, tuple) and all(_int(d) for d in self.degrees),
+                "cluster.degrees",
+                f"must be a list of integers or null, got {self.degrees!r}",
+            )
             natural = set(self._natural_degrees())
             bad = [d for d in self.degrees if d not in natural]
             require(
@@ -137,7 +163,7 @@ class Cluster:
     def from_dict(cls, d: dict) -> Cluster:
         d = dict(d)
         for k in ("speed_factors", "memory_per_rank", "degrees"):
-            if d.get(k) is not None:
+            if isinstance(d.get(k), list):
                 d[k] = tuple(d[k])
         try:
             return cls(**d)
@@ -148,6 +174,20 @@ class Cluster:
         d = self.to_dict()
         d.update(changes)
         return Cluster.from_dict(d)
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _real(x) -> bool:
+    """A finite int or float (not a bool; an int too big for a float is not finite here)."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def _powers_of_two(limit: int) -> list[int]:

@@ -651,5 +651,9 @@ def test_bench_profile_replaces_the_model_of_its_kind_only(tmp_path, capsys):
     assert [r["model"] for r in doc["summary"]] == ["llama-1b", "opensora-stdit3-xl"]
     for got, ref in zip(doc["summary"], want["summary"], strict=True):
         assert got["median_step_time_s"] == pytest.approx(ref["median_step_time_s"], rel=1e-12)
-    assert main([*argv, "--cluster", _json_file(tmp_path, "c.json", A100_3X4)]) == 2
-    assert "bench takes a preset name" in _one_error_line(capsys)
+    # a cluster file works for bench too: batches sized by its 12 GPUs
+    out2 = tmp_path / "b2.json"
+    cluster = _json_file(tmp_path, "c.json", A100_3X4)
+    assert main([*argv, "--cluster", cluster, "--json", str(out2)]) == 0
+    doc2 = json.loads(out2.read_text())
+    assert doc2["config"]["num_gpus"] == 12 and all(r["all_valid"] for r in doc2["summary"])

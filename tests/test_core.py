@@ -337,6 +337,34 @@ def test_grouped_query_attention_sends_only_the_kv_heads_members_need():
             replace(m, num_kv_heads=bad)
 
 
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("name", 3, "cluster.name: must be a string"),
+        ("num_nodes", "2", "cluster.num_nodes: must be an integer >= 1"),
+        ("memory_bytes", "80GB", "cluster.memory_bytes: must be a finite number > 0"),
+        ("peak_flops", float("nan"), "cluster.peak_flops: must be a finite number > 0"),
+        (
+            "inter_node_latency_s",
+            -1e-6,
+            "cluster.inter_node_latency_s: must be a finite number >= 0",
+        ),
+        ("intra_node_latency_s", 10**400, "cluster.intra_node_latency_s: must be a finite number"),
+        ("speed_factors", "fast", "cluster.speed_factors: must hold 8 positive numbers"),
+        ("degrees", [1.5], "cluster.degrees: must be a list of integers or null"),
+    ],
+)
+def test_cluster_fields_are_checked_by_type(field, value, match):
+    # A cluster file (CLI --cluster) goes through from_dict: a wrong type names its field.
+    d = cluster_preset("h200x8").to_dict()
+    d[field] = value
+    with pytest.raises(DcpOptError, match=match):
+        Cluster.from_dict(d)
+    # lists become tuples, so a cluster stays hashable
+    ok = cluster_preset("h200x8").to_dict() | {"speed_factors": [1.0] * 8}
+    assert hash(Cluster.from_dict(ok)) == hash(Cluster(**ok))
+
+
 def test_mixed_cluster_validation():
     with pytest.raises(DcpOptError, match="cluster.speed_factors: must hold 4"):
         Cluster("x", 1, 4, 1e9, 1e12, 1e9, 1e9, speed_factors=(1.0, 1.0))
