@@ -1,3 +1,4 @@
+import json
 import os
 
 from hypothesis import HealthCheck, settings
@@ -21,3 +22,13 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=10, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Write tests/counts.py's example counts where $DCP_EXAMPLE_COUNTS says (nightly report)."""
+    from tests.counts import EXAMPLES
+
+    path = os.environ.get("DCP_EXAMPLE_COUNTS")
+    if path and EXAMPLES:
+        with open(path, "w") as f:
+            json.dump(dict(sorted(EXAMPLES.items())), f, indent=1)

@@ -16,6 +16,7 @@ from hypothesis import given
 from dcp_opt import DcpOptError, ModelSpec, Plan, PlanFormatError, Sequence, validate
 from dcp_opt.cli import main
 from dcp_opt.workloads import load_batch, standard_batch
+from tests.counts import EXAMPLES
 from tests.fuzzing import ALL_TARGETS, TARGETS, attempt, plan_fixture, profile_base
 
 
@@ -38,6 +39,7 @@ def test_fuzz_never_raises_an_unhandled_exception(name):
 
     @given(strategy())
     def prop(case):
+        EXAMPLES[f"fuzz[{name}]"] += 1
         out = attempt(run, case)
         assert out.kind != "unhandled", (case, out.detail)
         if out.kind == "rejected":  # the message names the problem: never empty

@@ -7,11 +7,9 @@ HYPOTHESIS_PROFILE=nightly for 10,000 per property.
 
 from __future__ import annotations
 
-import collections
 import importlib.util
 import inspect
 import json
-import os
 from dataclasses import replace
 
 import pytest
@@ -37,6 +35,7 @@ from dcp_opt.bench import json_default
 from dcp_opt.result import STATUSES
 from tests import strategies as hs
 from tests.brute_force import brute_force
+from tests.counts import EXAMPLES
 from tests.toy import toy_cost
 
 REL = 1e-9  # relative tolerance of every "at least the bound" comparison
@@ -54,20 +53,6 @@ def planner_options(name: str) -> dict:
 
 def run(name: str, inst: hs.Instance):
     return get_planner(name)(inst.batch, inst.cost, **planner_options(name))
-
-
-# Examples each planner property ran, written to $DCP_EXAMPLE_COUNTS (JSON) after the module:
-# the nightly report's evidence (hypothesis prints no statistics for a nested @given).
-EXAMPLES: collections.Counter = collections.Counter()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _write_example_counts():
-    yield
-    path = os.environ.get("DCP_EXAMPLE_COUNTS")
-    if path and EXAMPLES:
-        with open(path, "w") as f:
-            json.dump(dict(sorted(EXAMPLES.items())), f, indent=1)
 
 
 def sizes(name: str) -> dict:
