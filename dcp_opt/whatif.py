@@ -82,6 +82,8 @@ class WhatIfConfig:
         for name in ("num_batches", "sweep_batches", "tokens_per_gpu"):
             if getattr(self, name) < 1:
                 raise DcpOptError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.seed, int) or self.seed < 0:  # numpy's generators need >= 0
+            raise DcpOptError(f"seed: must be an integer >= 0, got {self.seed}")
         if any(not isinstance(n, int) or n < 1 for n in self.gpus):
             raise DcpOptError(f"gpus: every entry must be an integer >= 1, got {list(self.gpus)}")
         if any(not s > 0 for s in self.inter_bw_scales):

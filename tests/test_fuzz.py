@@ -106,8 +106,19 @@ def test_negative_seed_is_a_clear_error():
         standard_batch("1d-short", -5)
 
 
-def test_cli_negative_seed_exits_2_with_one_line(capsys):
-    rc = main(["plan", "--workload", "1d-short", "--seed", "-5", "--cluster", "h200x8"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--workload", "1d-short"],
+        # found by the nightly CLI fuzz run: numpy's generator raised ValueError
+        ["whatif", "--lengths", "LENGTHS", "--batches", "1", "--planners", "bucket"],
+    ],
+)
+def test_cli_negative_seed_exits_2_with_one_line(capsys, tmp_path, argv):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("128\n4096\n")
+    argv = [str(lengths) if a == "LENGTHS" else a for a in argv]
+    rc = main([*argv, "--seed", "-5", "--cluster", "h200x8"])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.strip() == "dcp-opt: error: seed: must be an integer >= 0, got -5"
