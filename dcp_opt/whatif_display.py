@@ -271,4 +271,5 @@ def _plot_sweep(ax, doc: dict, key: str) -> None:
         "speedup vs GPU count (weak scaling)" if gpus else "speedup vs inter-node bandwidth",
         fontsize=10,
     )
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no planner besides bucket: nothing to label
+        ax.legend(fontsize=8)
