@@ -319,12 +319,14 @@ def run_bench(
             )
             records += recs
             warnings += warn
+    # the models the cost models hold: make_cost may swap the preset (a user's file, a profile)
+    models = {k: c.model.name for k, c in costs.items()}
     return {
         "schema": BENCH_SCHEMA,
-        "config": _config_dict(config, cluster, planners),
+        "config": {**_config_dict(config, cluster, planners), "models": models},
         "skipped_planners": skipped,
         "total_wall_time_s": time.perf_counter() - started,
-        "summary": summarize(records, config.models),
+        "summary": summarize(records, models),
         "batches": [_record_dict(r) for r in records],
         "warnings": warnings,
     }

@@ -331,10 +331,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tokens_per_gpu=args.tokens_per_gpu,
         planner_options={"time_limit_s": args.time_limit},
     )
-    make_cost, costs = _bench_costs(args)
+    make_cost = _bench_costs(args)
     with _progress(disabled=args.no_progress) as (on_start, on_done):
         doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
-    _label_models(doc, {k: c.model.name for k, c in costs.items()}, args.profile)
+    doc["config"]["profile"] = args.profile
     Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
     for line in error_lines(doc):
         _note(line)
@@ -345,15 +345,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_costs(args: argparse.Namespace):
-    """(make_cost for run_bench, the cost models it built by kind). run_bench hands make_cost
-    the default preset model of each kind; the user's model file or profile replaces it."""
+    """make_cost for run_bench: it hands over the default preset model of each kind; the
+    user's model file or profile replaces it (run_bench reports the model it got)."""
     models = {"1d": args.model_1d, "2d": args.model_2d}
     kind_of_profile = profile_kind(args.profile) if args.profile else None
-    costs: dict[str, CostModel] = {}
 
     def make_cost(preset, cluster) -> CostModel:
         k = preset.kind
-        costs[k] = cost_model(
+        return cost_model(
             kind=k,
             cluster=cluster,
             model=models[k],
@@ -361,18 +360,8 @@ def _bench_costs(args: argparse.Namespace):
             default_model=preset.name,
             source=f"each {k} workload",
         )
-        return costs[k]
 
-    return make_cost, costs
-
-
-def _label_models(doc: dict, names: dict[str, str], profile: str | None) -> None:
-    """Name the models bench ran (BenchConfig holds the preset names it was given)."""
-    from .workloads import Workload
-
-    doc["config"].update(models=names, profile=profile)
-    for row in doc["summary"]:
-        row["model"] = names[Workload.parse(row["workload"]).kind]
+    return make_cost
 
 
 class _progress:
