@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 class DcpOptError(ValueError):
     """Base class: bad input that the user can fix. The CLI prints it on one line."""
@@ -32,3 +34,16 @@ def require(cond: bool, field: str, message: str) -> None:
     """Raise DcpOptError('<field>: <message>') unless cond holds."""
     if not cond:
         raise DcpOptError(f"{field}: {message}")
+
+
+def loads_json(text: str, where: str, error: type[DcpOptError] = DcpOptError):
+    """json.loads whose every failure is `error("<where>: not valid JSON (<why>)")`, so each
+    input (plan, profile, lengths, model and cluster files) says the same thing."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:  # a recursion bomb ("[[[[..."), not a document
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
+        raise error(f"{where}: not valid JSON ({e})") from None

@@ -13,13 +13,12 @@ depth: the profile extrapolates). Every error is a DcpOptError naming the file a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from .cluster import Cluster, cluster_preset
 from .cost import CostModel
-from .errors import DcpOptError
+from .errors import DcpOptError, loads_json
 from .model import ModelSpec, model_preset
 
 # A bigger cluster is a typo, and planning for it would not finish (batches scale with it).
@@ -120,19 +119,12 @@ def _read_object(path: str, key: str) -> dict:
     """The JSON object in `path`; `{key: {...}}` is unwrapped (a profile's model section)."""
     name = Path(path).name
     try:
-        d = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
     except OSError as e:
         raise DcpOptError(f"{key} file {name}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise DcpOptError(f"{key} file {name}: not UTF-8 text (byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise DcpOptError(
-            f"{key} file {name}: not valid JSON ({e.msg} at line {e.lineno})"
-        ) from None
-    except RecursionError:  # "[[[[...": a recursion bomb, not a model
-        raise DcpOptError(f"{key} file {name}: not valid JSON (nested too deeply)") from None
-    except ValueError as e:  # an integer past Python's 4300-digit limit
-        raise DcpOptError(f"{key} file {name}: not valid JSON ({e})") from None
+    d = loads_json(text, f"{key} file {name}")
     if isinstance(d, dict) and isinstance(d.get(key), dict):
         d = d[key]
     if not isinstance(d, dict):

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PlanFormatError
+from .errors import PlanFormatError, loads_json
 
 SCHEMA_VERSION = 1
 NORMALIZERS = ("tokens", "samples")
@@ -135,15 +135,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanFormatError(f"plan: not valid JSON ({e.msg} at line {e.lineno})") from None
-        except RecursionError:  # a recursion bomb ("[[[[..."), not a plan
-            raise PlanFormatError("plan: not valid JSON (nested too deeply)") from None
-        except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
-            raise PlanFormatError(f"plan: not valid JSON ({e})") from None
-        return _parse_plan(d)
+        return _parse_plan(loads_json(text, "plan", PlanFormatError))
 
 
 def _need(d: Any, key: str, typ, where: str):

@@ -24,7 +24,7 @@ from typing import Any
 
 from .cluster import Cluster
 from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
-from .errors import DcpOptError
+from .errors import DcpOptError, loads_json
 from .model import ModelSpec
 
 PROFILE_SCHEMA_VERSION = 1
@@ -181,17 +181,7 @@ def load_profile(path: str | Path, *, model: ModelSpec | None = None) -> Profile
         raise ProfileError(f"profile {str(p)!r}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise ProfileError(f"profile {str(p)!r}: not UTF-8 text (byte {e.start})") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ProfileError(
-            f"profile {p.name}: not valid JSON ({e.msg} at line {e.lineno})"
-        ) from None
-    except RecursionError:  # a recursion bomb ("[[[[..."), not a profile
-        raise ProfileError(f"profile {p.name}: not valid JSON (nested too deeply)") from None
-    except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
-        raise ProfileError(f"profile {p.name}: not valid JSON ({e})") from None
-    prof = profile_from_dict(d)
+    prof = profile_from_dict(loads_json(text, f"profile {p.name}", ProfileError))
     if model is not None:
         check_profile_matches(prof, model)
     return prof

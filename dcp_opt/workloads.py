@@ -11,7 +11,6 @@ A global batch draws sequences until the token budget is reached (the last one m
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .batch import Batch, Sequence
-from .errors import DcpOptError
+from .errors import DcpOptError, loads_json
 
 RESOLUTIONS = {
     "144p": (144, 256),
@@ -152,14 +151,7 @@ def load_batch(path: str | Path) -> Batch:
 
 
 def _batch_from_json(text: str, p: Path) -> Batch:
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DcpOptError(f"{p.name}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except RecursionError:
-        raise DcpOptError(f"{p.name}: not valid JSON (nested too deeply)") from None
-    except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
-        raise DcpOptError(f"{p.name}: not valid JSON ({e})") from None
+    d = loads_json(text, p.name)
     if isinstance(d, dict):
         return Batch.from_dict(d)
     if not isinstance(d, list) or not d:
