@@ -24,6 +24,10 @@ from .groups import GroupPool
 from .parallelize import SPState
 from .sp import SPGroup
 
+# The gradient sum's default bucket (one all-reduce per bucket), as in PyTorch DDP's
+# bucket_cap_mb=25 (torch/nn/parallel/distributed.py).
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
 
 class PlanMismatchError(DcpOptError):
     """Ranks hold different plans; raised on every rank before any step collective."""
@@ -111,7 +115,10 @@ def check_same_plan(plan: Plan, *, group=None) -> None:
 
 
 def sum_gradients(
-    model: nn.Module, *, extra: torch.Tensor | None = None, bucket_bytes: int = 25 * 2**20
+    model: nn.Module,
+    *,
+    extra: torch.Tensor | None = None,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> torch.Tensor | None:
     """Sum every parameter's gradient over the whole world in flat buckets (one all-reduce
     per bucket). Parameters without a gradient (a rank with no work) send zeros. `extra`, a
@@ -158,11 +165,16 @@ def execute_step(
     state: SPState,
     step: int,
     check_plan: bool = True,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> StepReport:
     """Run this rank's part of `plan` and sum gradients over the world.
 
     `data[sequence_id]` (or `data(sequence_id)`) is read only for this rank's micro-batches.
-    Gradients accumulate into `.grad`: zero them before the step as in any training loop."""
+    Gradients accumulate into `.grad`: zero them before the step as in any training loop.
+    `bucket_bytes`: a bucket of the gradient sum closes once it holds at least this many
+    bytes (whole parameters; the same value on every rank)."""
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
     t_check = time.perf_counter()
     if check_plan:
         check_same_plan(plan)
@@ -197,7 +209,7 @@ def execute_step(
             )  # fmt: skip
     t_sync = time.perf_counter()
     dtype = next(model.parameters()).dtype
-    total = sum_gradients(model, extra=loss.to(dtype))
+    total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes)
     _sync()
     end = time.perf_counter()
     state.sp, state.recompute_layers = SPGroup.single(), 0
