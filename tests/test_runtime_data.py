@@ -197,13 +197,13 @@ def test_planning_runs_ahead_in_a_background_thread():
         planner="greedy", prefetch=2,
     )  # fmt: skip
     seen: list[str] = []
-    plan_batch = loader.plan_batch
+    plan_batch = loader.sampler.plan_batch
 
     def recording(ids):
         seen.append(threading.current_thread().name)
         return plan_batch(ids)
 
-    loader.plan_batch = recording
+    loader.sampler.plan_batch = recording
     it = iter(loader)
     next(it)  # batch 0 out; batch 1 agreed (look-ahead); the thread fills a queue of 2 more
     deadline = time.monotonic() + 10
@@ -295,5 +295,5 @@ def test_data_deterministic_cpsat_agrees_across_ranks(workers):
 def test_deterministic_agreement_asks_cpsat_for_its_deterministic_mode():
     kw = dict(batch_size=2, planner="cpsat", rank=0, world_size=1)
     det = DcpLoader([0], [3], cost_for(1), agree="deterministic", **kw)
-    assert det.planner_options == {"deterministic": True}
-    assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).planner_options == {}
+    assert det.sampler.planner_options == {"deterministic": True}
+    assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).sampler.planner_options == {}
