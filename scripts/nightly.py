@@ -1,5 +1,6 @@
 """The nightly property run (issue 7): every property of tests/test_properties.py and
-tests/test_fuzz.py under HYPOTHESIS_PROFILE=nightly (10,000 examples each), one pytest process
+tests/test_fuzz.py (and the step former's, tests/test_step_former.py) under
+HYPOTHESIS_PROFILE=nightly (10,000 examples each), one pytest process
 per property so a failure names its property and the runs share the cores.
 
     .venv/bin/python scripts/nightly.py --jobs 2 --out nightly/          # about 4-5 CPU-hours
@@ -25,7 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FILES = ("tests/test_properties.py", "tests/test_fuzz.py")
+# files, or single properties of a file that also holds hand-made tests
+FILES = (
+    "tests/test_properties.py",
+    "tests/test_fuzz.py",
+    "tests/test_step_former.py::test_former_keeps_bounds_and_the_bound_holds",
+)
 
 
 def collect(keyword: str | None) -> list[str]:

@@ -53,3 +53,20 @@ def get_planner(name: str) -> Callable:
 
 def run_planner(name: str, batch, cost, **options):
     return get_planner(name)(batch, cost, **options)
+
+
+# Stream tools (issue 13), loaded on first use like the planners: the step former and the
+# stream lower bound (solvers/step_former.py, solvers/stream_bound.py).
+STREAM_TOOLS: dict[str, str] = {
+    "data_order_steps": "step_former",
+    "form_steps": "step_former",
+    "form_steps_report": "step_former",
+    "stream_lower_bound": "stream_bound",
+}
+
+
+def __getattr__(name: str):
+    if name in STREAM_TOOLS:
+        module = importlib.import_module(f"dcp_opt.solvers.{STREAM_TOOLS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
