@@ -38,6 +38,7 @@ from .errors import DcpOptError, InfeasibleError
 from .model import ModelSpec
 
 SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
+_PASS_SHARE = {"fwd": 1 / 3, "bwd": 2 / 3}  # CostModel.replicated_seq_s per pass
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,21 @@ class CostModel:
     optimizer_sharding: str = "zero1"
     usable_memory_fraction: float = 0.9
     grad_reduce_bytes_per_param: float = 2.0
+    # Knobs a measured profile may need beyond the FLOP preset (all off by default, where
+    # every figure and the fingerprint are the preset's; dcp_opt/perturb.py gives the ranges
+    # a measurement could give and why):
+    # - sp_compute_overhead ((degree, x), ...): one layer's time at that degree is (1 + x)
+    #   times its FLOP share (SP runs smaller kernels, waits on its slowest member, copies
+    #   shards); degrees not listed pay x = 0;
+    # - replicated_seq_s: seconds per sample of one forward + backward pass over all layers
+    #   that every rank of a group repeats instead of splitting (VideoSys keeps the caption's
+    #   cross-attention k/v whole on every rank), charged per layer (1/3 forward, 2/3
+    #   backward, as the 2x backward of Narayanan et al. 2021), so recompute repeats it;
+    # - step_overhead_s: fixed seconds per optimizer step (optimizer, host sync), paid with the
+    #   gradient sync.
+    sp_compute_overhead: tuple[tuple[int, float], ...] = ()
+    replicated_seq_s: float = 0.0
+    step_overhead_s: float = 0.0
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -214,12 +230,39 @@ class CostModel:
             raise DcpOptError(
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
+        self._check_knobs()
         missing = set(self.model.block_types) - set(self.coeffs.blocks)
         if missing:
             raise DcpOptError(
                 f"cost coefficients: no entry for block types {sorted(missing)} "
                 f"of model {self.model.name!r}"
             )
+
+    def _check_knobs(self) -> None:
+        """The measured-profile knobs: finite, >= 0; overheads as (degree, x) pairs."""
+        for name in ("replicated_seq_s", "step_overhead_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise DcpOptError(f"{name}: must be a finite number >= 0, got {v!r}")
+        try:
+            pairs = tuple((int(d), float(x)) for d, x in self.sp_compute_overhead)
+        except (TypeError, ValueError):
+            pairs = None
+        allowed = self.cluster.allowed_degrees
+        if (
+            pairs is None
+            or any(d not in allowed or not math.isfinite(x) or x < 0 for d, x in pairs)
+            or len({d for d, _ in pairs}) != len(pairs)
+        ):
+            raise DcpOptError(
+                f"sp_compute_overhead: must be distinct (degree, x) pairs with degree in "
+                f"{list(allowed)} and finite x >= 0, got {self.sp_compute_overhead!r}"
+            )
+        object.__setattr__(self, "sp_compute_overhead", tuple(sorted(pairs)))
+
+    def sp_factor(self, d: int) -> float:
+        """Multiplier of one layer's time at degree d (1 + sp_compute_overhead's x)."""
+        return 1.0 + dict(self.sp_compute_overhead).get(int(d), 0.0)
 
     def with_(self, **changes) -> CostModel:
         return replace(self, _cache=MemoCache(), **changes)
@@ -278,6 +321,11 @@ class CostModel:
                 w[nb] += tc.lin / d
                 w[nb + 1] += tc.seq / d
                 c += tc.const
+            if self.replicated_seq_s:  # not split by d: every member repeats it
+                w[nb + 1] += self.replicated_seq_s * _PASS_SHARE[part] / self.model.num_layers
+            if self.sp_compute_overhead:
+                f = self.sp_factor(d)
+                w, c = w * f, c * f
             out += [w, c]
         self._cache[key] = tuple(out)
         return self._cache[key]
@@ -450,10 +498,10 @@ class CostModel:
         c = self.cluster
         n = c.num_gpus
         if n == 1:
-            return 0.0
+            return self.step_overhead_s
         bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
         volume = self.model.total_params * self.grad_reduce_bytes_per_param
-        return 2 * (n - 1) / n * volume / bw
+        return 2 * (n - 1) / n * volume / bw + self.step_overhead_s
 
     def check_fits(self, batch: Batch) -> None:
         """Raise InfeasibleError naming the first sequence that fits nowhere."""
@@ -482,6 +530,13 @@ class CostModel:
             "mem_frac": self.usable_memory_fraction,
             "grad": self.grad_reduce_bytes_per_param,
         }
+        # the measured-profile knobs only when set: a preset model's fingerprint is unchanged
+        if self.sp_compute_overhead:
+            payload["sp_overhead"] = [list(p) for p in self.sp_compute_overhead]
+        if self.replicated_seq_s:
+            payload["replicated_seq_s"] = self.replicated_seq_s
+        if self.step_overhead_s:
+            payload["step_overhead_s"] = self.step_overhead_s
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -33,6 +33,7 @@ from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
 from .common import finish, gc_paused
+from .greedy_rules import rules
 from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import them here)
     Draft,
     Instance,
@@ -365,6 +366,7 @@ def search(inst: Instance, cluster) -> list[Draft]:
         _grid_stage(inst, cluster, kept, grid)
         if not close():
             _uniform_stage(inst, cluster, kept, bounds)
+    _rule_stage(inst, cluster, kept)
     # Refine: aim just under the best finish found (the grid is anchored on the bound, which
     # can sit far below what any plan reaches).
     for k, f in enumerate(() if close() else refine):
@@ -416,8 +418,32 @@ def _uniform_stage(inst: Instance, cluster, kept: _Kept, bounds: np.ndarray) -> 
             kept.keep(d, ("uniform", j), rank)
 
 
+def _rule_stage(inst: Instance, cluster, kept: _Kept) -> None:
+    """The simple-rule layouts (solvers/greedy_rules.py), each unless its bound cannot beat
+    the best so far: so the plan is never slower than a rule a user could write down."""
+    for k, (how, lb, build) in enumerate(rules(inst, cluster)):
+        if lb < kept.best:
+            rank = (2.5, k)
+            kept.keep(rule_draft(inst, cluster, build(), cutoff=kept.cutoff(rank)), how, rank)
+
+
+def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draft | None:
+    """The draft of one rule (greedy_rules.rules: `spec` = its build()); None if it cannot
+    finish before `cutoff` (or a sequence fits none of its groups)."""
+    phase0, base, pref, placed = spec
+    items = np.flatnonzero(pref >= 0)
+    if len(items) == 0:
+        return Draft(phase0, [], base)
+    return _assign_draft(
+        inst, cluster, items, pref, placed, inst.finish_lb, phase0, base, True, cutoff=cutoff
+    )
+
+
 def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     """The candidate `how` (a Draft.how) on another instance."""
+    if how[0] in ("fit-smallest", "long-smallest", "long-first"):
+        rule = next((r for r in rules(inst, cluster) if r[0] == how), None)
+        return None if rule is None else rule_draft(inst, cluster, rule[2]())
     if how[0] == "uniform":
         return uniform_draft(inst, cluster, how[1])
     if how[0] == "target":

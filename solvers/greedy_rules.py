@@ -1,0 +1,127 @@
+"""Simple-rule candidates of the greedy planner: layouts a user could write down.
+
+The greedy's own candidates choose degrees by least GPU-work per sequence; under a measured
+cost model that is not the preset (SP overhead per degree, replicated per-sample work) that
+choice can miss a plain layout, e.g. the one long video on the smallest group it fits and
+every image at degree 1 (issue 19: 39 s against 63 s). So for every degree j that some
+sequence fits at (the "base" degree), with T the analytic bound's finish:
+- static(j): every group of degree j (greedy.uniform_draft, in greedy.search);
+- fit-smallest(j): sequences that do not fit at j go to the smallest degree they fit (one
+  group per T of their time there, one per sequence longer than T/2, at least one), every
+  other rank forms degree-j groups;
+- long-smallest(j): sequences that do not fit at j or take longer than T there go to the
+  smallest degree that finishes them within T; the rest at j, groups as above;
+- long-first(j): the same long sequences run first, one after another on the widest group
+  (phase 0, as CP-SAT's model has it), then every rank re-forms into degree-j groups.
+Each is assigned longest first with the greedy's packing; a sequence whose preferred group
+would finish after T goes to the group that finishes it first (greedy.assign).
+A rule runs unless its lower bound (the packed work of its groups' degrees over the ranks,
+or its longest sequence, plus phase 0) cannot beat the best draft so far: the bound holds
+for any assignment to those groups at full speed, so it is used on homogeneous clusters
+only, and a rule is then skipped only where it could not have won.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from .greedy_steps import Instance, place
+
+
+def rules(inst: Instance, cluster) -> list[tuple[tuple, float, Callable[[], tuple]]]:
+    """(how, lower bound, build) of every rule with a distinct preference; build() gives
+    (phase0, base, pref, placed), made only for the rules that run. `pref` covers every
+    sequence; long-first's phase-0 sequences have pref -1."""
+    t0 = inst.finish_lb
+    t = inst.time
+    fits, minfit, smallest = inst.memo("rule_tables", lambda: _tables(inst))
+    dmax = len(inst.degrees) - 1
+    out, seen = [], set()
+    for j in np.flatnonzero(inst.usable).tolist():
+        misfit = ~fits[:, j]
+        long = misfit | (t[:, j] > t0)
+        for name, moved, to in (
+            ("fit-smallest", misfit, minfit),
+            ("long-smallest", long, smallest),
+        ):
+            if not moved.any():  # every group of degree j: static(j), the uniform layout
+                continue
+            pref = np.where(moved, to, j)
+            key = pref.tobytes()
+            if key not in seen:
+                seen.add(key)
+                lb = _bound(inst, cluster, [j, *np.unique(to[moved]).tolist()])
+                out.append(((name, j), lb, _single(inst, cluster, pref, j)))
+        if long.any() and not long.all() and fits[long, dmax].all():
+            base = float(t[long, dmax].sum())
+            lb = base + _bound(inst, cluster, [j], np.flatnonzero(~long))
+            out.append((("long-first", j), lb, _long_first(inst, cluster, j, long, dmax, base)))
+    return out
+
+
+def _tables(inst: Instance):
+    """(fits (n, D), smallest degree each fits at, smallest that finishes within T)."""
+    fits = np.isfinite(inst.time)
+    # the bound's finish is at least every sequence's fastest time: argmax finds a True
+    return fits, np.argmax(fits, axis=1), np.argmax(inst.time <= inst.finish_lb, axis=1)
+
+
+def _single(inst: Instance, cluster, pref: np.ndarray, j: int):
+    return lambda: ([], 0.0, pref, _layout(inst, cluster, pref, j))
+
+
+def _long_first(inst: Instance, cluster, j: int, long: np.ndarray, dmax: int, base: float):
+    """long-first(j): `long` one after another on the widest group, then degree-j groups."""
+
+    def build():
+        from .greedy import _widest_start  # noqa: PLC0415 (greedy imports this module)
+
+        start = _widest_start(cluster, int(inst.degrees[dmax]))
+        bins = [([i], int(inst.r_min[i, dmax])) for i in np.flatnonzero(long).tolist()]
+        pref = np.where(long, -1, j)
+        return [(start, dmax, bins)], base, pref, _layout(inst, cluster, pref, j)
+
+    return build
+
+
+def _layout(inst: Instance, cluster, pref: np.ndarray, j: int) -> list[tuple[int, int]]:
+    """Groups for the sequences preferring another degree than j (their time there / T
+    groups, one per sequence longer than T / 2, at least one), widest first while they fit,
+    then degree-j groups on every rank left, then the widest usable degree that fits."""
+    deg = inst.degrees.tolist()
+    n = inst.num_gpus
+    t0 = max(inst.finish_lb, 1e-12)
+    groups, left = [], n
+    for k in sorted({int(p) for p in pref.tolist()} - {j, -1}, key=lambda k: -deg[k]):
+        tk = inst.time[pref == k, k]
+        want = max(1, math.ceil(float(tk.sum()) / t0), int((tk > t0 / 2).sum()))
+        c = min(want, left // deg[k])
+        groups += [k] * c
+        left -= c * deg[k]
+    groups += [j] * (left // deg[j])
+    left %= deg[j]
+    for k in sorted(np.flatnonzero(inst.usable).tolist(), key=lambda k: -deg[k]):
+        while deg[k] <= left:
+            groups.append(k)
+            left -= deg[k]
+    return place(sorted(groups, key=lambda k: -deg[k]), inst, cluster)
+
+
+def _bound(inst: Instance, cluster, cols: list[int], items: np.ndarray | None = None) -> float:
+    """Lower bound on the finish of any assignment of `items` (all: None) to groups of the
+    degrees `cols` at full speed: packed work (time less every per-micro-batch constant, x
+    degree) over all ranks, or the longest sequence at its best degree there. 0 where groups
+    may run at other speeds (the bound would not hold)."""
+    if not cluster.homogeneous:
+        return 0.0
+    work_t = inst.memo(
+        "rule_work",
+        lambda: np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees,
+    )
+    rows = slice(None) if items is None else items
+    work = work_t[rows][:, cols].min(axis=1).sum()
+    longest = inst.time[rows][:, cols].min(axis=1).max(initial=0.0)
+    return float(max(work / inst.num_gpus, longest))
