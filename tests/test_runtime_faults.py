@@ -5,11 +5,13 @@ timeouts, here 5 s)."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 
 import pytest
 import torch
+import torch.distributed as dist
 from dcp_opt.runtime import (
     LMTask,
     MicroBatchOutOfMemoryError,
@@ -134,3 +136,107 @@ def test_out_of_memory_names_the_plan_entry(workers):
         assert "phase 0, group ranks 0..1 (degree 2), micro-batch 1" in message
         assert "sequences [2], recompute_layers 0" in message
         assert "usable_memory_fraction" in message and "OutOfMemoryError" in message
+
+
+# ---- failures elsewhere: during the gradient sum, in a later phase, away from rank 0 ------
+@dataclass(frozen=True)
+class FailOnRank:
+    """LMTask that fails on global rank `rank` at the micro-batch holding sequence `at`."""
+
+    rank: int
+    at: int
+    how: str = "raise"
+
+    def run(self, model, samples, state, **kw):
+        if dist.get_rank() == self.rank and any(sid == self.at for sid, _ in samples):
+            if self.how == "exit":
+                os._exit(3)
+            raise RuntimeError("injected failure")
+        return LMTask().run(model, samples, state, **kw)
+
+
+def job_fail_in_sum(ctx, plan_json: str, rank: int, at_call: int, how: str):
+    """One step with one bucket per parameter; `rank` fails at its all-reduce number
+    `at_call` of the gradient sum (earlier buckets were summed by every rank)."""
+    real, calls = dist.all_reduce, [0]
+
+    def failing(*a, **k):
+        calls[0] += 1
+        if ctx.rank == rank and calls[0] == at_call:
+            if how == "exit":
+                os._exit(3)
+            raise RuntimeError("injected failure in the gradient sum")
+        return real(*a, **k)
+
+    model = make_model("1d", 3)
+    state = SPState()
+    parallelize(model, state)
+    dist.all_reduce = failing
+    try:
+        execute_step(
+            Plan.from_json(plan_json), LMTask(), model, make_data("1d", BATCH, 3),
+            pool=ctx.pool, state=state, step=0, bucket_bytes=1,
+        )  # fmt: skip
+    finally:
+        dist.all_reduce = real
+    return calls[0]
+
+
+def assert_every_rank_fails(workers, world, elapsed, failing_rank, how, injected):
+    """Every rank reports an error (none hangs, none claims success) within the bound; the
+    failing rank names the injected failure, the others a collective that lost its peer."""
+    assert sorted(workers.errors) == list(range(world)), workers.errors
+    assert elapsed < 6 * TIMEOUT_S
+    if how == "raise":
+        assert injected in workers.errors[failing_rank]
+    else:
+        assert "exited with code 3" in workers.errors[failing_rank]
+    for r, message in workers.errors.items():
+        if r != failing_rank:
+            # gloo's own words: "Timed out waiting 5000ms for recv ..." or a closed peer
+            assert "execute_step" in message, message
+            assert re.search(r"Timed out|[Cc]onnection|peer", message), message
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_rank_failing_in_the_gradient_sum_fails_every_rank(workers, how):
+    plan = plan_for((0, 1, 2)).to_json()
+    buckets = len(list(make_model("1d", 3).parameters()))  # one per parameter
+    assert workers.run(job_fail_in_sum, plan, -1, 0, how) == [buckets, buckets]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker failure"):
+        workers.run(job_fail_in_sum, plan, 1, 3, how, wait_s=60.0)
+    elapsed = time.monotonic() - started
+    assert_every_rank_fails(workers, 2, elapsed, 1, how, "injected failure in the gradient sum")
+
+
+def test_rank_failing_in_a_later_phase_fails_every_rank(workers):
+    # Phase 0 runs sequence 0 on both ranks; phase 1 runs 1 then 2; rank 1 fails at 2.
+    cost = cost_for("1d", 2)
+    phases = [[Group(0, 2, (MicroBatch((0,), 0),))]]
+    phases.append([Group(0, 2, (MicroBatch((1,), 0), MicroBatch((2,), 1)))])
+    plan = make_plan(phases, BATCH, cost, planner="hand").to_json()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker failure"):
+        workers.run(job_step, {0: plan, 1: plan}, FailOnRank(1, 2), wait_s=60.0)
+    elapsed = time.monotonic() - started
+    assert_every_rank_fails(workers, 2, elapsed, 1, "raise", "injected failure")
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_rank_failing_in_a_group_without_rank_0_fails_every_rank(how):
+    # World 4: ranks 0..1 run sequence 0 and wait in the gradient sum; ranks 2..3 run 1 then
+    # 2, and rank 3 fails at 2 while rank 2 waits in its all-to-all.
+    plan = make_plan(
+        [[Group(0, 2, (MicroBatch((0,), 0),)), Group(2, 2, (MicroBatch((1,), 0), MicroBatch((2,), 0)))]],
+        BATCH, cost_for("1d", 4), planner="hand",
+    ).to_json()  # fmt: skip
+    workers = DistWorkers(4, timeout_s=TIMEOUT_S)
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="worker failure"):
+            workers.run(job_step, dict.fromkeys(range(4), plan), FailOnRank(3, 2, how), wait_s=60.0)
+        elapsed = time.monotonic() - started
+        assert_every_rank_fails(workers, 4, elapsed, 3, how, "injected failure")
+    finally:
+        workers.close()
