@@ -1,0 +1,215 @@
+"""validate() on plans no planner produces, on a multi-node cluster with mixed memory and
+speed (issue 18): uncovered first / middle / last ranks, out-of-memory micro-batches on every
+group (including groups whose memory differs from rank 0's), and every violation code.
+
+Memory is checked against the toy arithmetic written out here (tests/toy.py docstring), not
+against CostModel.memory: on 8 GPUs the model states take 1 * (2 + 4 + 12/8) = 7.5 bytes
+(zero1), and T tokens at degree d with r recomputed layers need 7.5 + T/d * (30 - 8r) bytes
+per member. A group's capacity is its smallest member's memory (usable fraction 1).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dcp_opt import Batch, Group, MicroBatch, Plan, make_plan, validate
+from dcp_opt.plan import Phase
+from dcp_opt.validate import CODES, InvalidPlanError, ensure_valid
+from tests.toy import toy_cost
+
+# Two nodes of four; rank 0 is neither the smallest nor the largest memory, and inside the
+# groups below the smallest member is not the first one.
+MEMORY = (100.0, 60.0, 90.0, 70.0, 55.0, 50.0, 65.0, 75.0)
+SPEED = (1.0, 0.5, 2.0, 1.0, 1.5, 1.0, 0.8, 1.2)
+LAYOUT = [(0, 1), (1, 1), (2, 2), (4, 4)]  # capacities 100, 60, 70, 50
+
+
+def mixed_cost():
+    return toy_cost(2, 4, 80.0, memory_per_rank=MEMORY, speed_factors=SPEED)
+
+
+def need(tokens: int, degree: int, recompute: int = 0) -> float:
+    return 7.5 + tokens / degree * (30 - 8 * recompute)
+
+
+def capacity(start: int, degree: int) -> float:
+    return min(MEMORY[start : start + degree])
+
+
+def largest_fitting(start: int, degree: int, recompute: int = 0) -> int:
+    t = 1
+    while need(t + 1, degree, recompute) <= capacity(start, degree):
+        t += 1
+    return t
+
+
+def codes(plan, batch, cost, **kw) -> list[str]:
+    return sorted(v.code for v in validate(plan, batch, cost, **kw))
+
+
+def test_the_toy_arithmetic_is_the_cost_models():
+    # The arithmetic above is what the cost model computes (else the tests below test nothing).
+    cost = mixed_cost()
+    assert cost.fixed_bytes() == 7.5
+    assert float(cost.memory(5, 2, 1)) == need(5, 2, 1)
+    assert [cost.capacity(s, d) for s, d in LAYOUT] == [capacity(s, d) for s, d in LAYOUT]
+
+
+def _fitting_plan(cost, oom_group: int | None = None, phase: int = 0, phases: int = 1):
+    """One micro-batch per group sized to fit (the largest that does); in group `oom_group`
+    of `phase`, a second micro-batch one token over its capacity."""
+    lengths, groups, oom_id = [], [[] for _ in range(phases)], None
+    for p in range(phases):
+        for j, (s, d) in enumerate(LAYOUT):
+            mbs = [MicroBatch((len(lengths),))]
+            lengths.append(largest_fitting(s, d))
+            if p == phase and j == oom_group:
+                oom_id = len(lengths)
+                mbs.append(MicroBatch((oom_id,)))
+                lengths.append(largest_fitting(s, d) + 1)
+            groups[p].append(Group(s, d, tuple(mbs)))
+    batch = Batch.from_lengths(lengths)
+    return make_plan(groups, batch, cost, planner="hand"), batch, oom_id
+
+
+def test_plan_that_fits_every_group_of_a_mixed_cluster_is_valid():
+    # Every group holds the most its own smallest member allows: rank 0 holds more than
+    # rank 1 could; ranks 2..3 hold more than the 60 bytes a group at 0 of degree 2 has.
+    cost = mixed_cost()
+    plan, batch, _ = _fitting_plan(cost, phases=2)
+    assert validate(plan, batch, cost) == []
+    assert ensure_valid(plan, batch, cost) is plan
+
+
+@pytest.mark.parametrize("phase", [0, 1])
+@pytest.mark.parametrize("group", range(len(LAYOUT)))
+def test_out_of_memory_on_every_group_of_a_mixed_cluster(group, phase):
+    cost = mixed_cost()
+    plan, batch, oom_id = _fitting_plan(cost, group, phase, phases=2)
+    violations = validate(plan, batch, cost)
+    assert [v.code for v in violations] == ["OUT_OF_MEMORY"], violations
+    s, d = LAYOUT[group]
+    assert f"phase {phase} group@{s}x{d} micro-batch 1: sequences [{oom_id}]" in str(violations[0])
+    with pytest.raises(InvalidPlanError, match="OUT_OF_MEMORY"):
+        ensure_valid(plan, batch, cost)
+
+
+def test_memory_is_the_smallest_members_not_rank_0s_nor_the_first_members():
+    cost = mixed_cost()
+    # 3 tokens on rank 1 (60): 97.5 > 60 although rank 0 (100) would hold them.
+    # 5 tokens on ranks 2..3 (90, 70) at degree 2: 82.5 > 70 although rank 2 holds 90.
+    # 7 tokens on ranks 4..7 at degree 4 with everything recomputed: 7.5 + 7/4 * 14 = 32 fits.
+    batch = Batch.from_lengths([3, 5, 7])
+    plan = make_plan(
+        [[Group(1, 1, (MicroBatch((0,)),)), Group(2, 2, (MicroBatch((1,)),)),
+          Group(4, 4, (MicroBatch((2,), 2),))]],
+        batch, cost, planner="hand",
+    )  # fmt: skip
+    bad = validate(plan, batch, cost)
+    assert [v.code for v in bad] == ["OUT_OF_MEMORY"] * 2
+    assert "group@1x1" in str(bad[0]) and "group@2x2" in str(bad[1])
+    # Recompute lowers the need: the same 5 tokens at r=2 need 7.5 + 2.5 * 14 = 42.5 <= 70.
+    # And 10 tokens on 4..7 with 2 recomputed: 7.5 + 10/4 * 14 = 42.5 <= 50.
+    plan = make_plan(
+        [[Group(2, 2, (MicroBatch((1,), 2),)), Group(4, 4, (MicroBatch((0, 2), 2),))]],
+        batch, cost, planner="hand",
+    )  # fmt: skip
+    assert validate(plan, batch, cost) == []
+
+
+@pytest.mark.parametrize("uncovered", [0, 3, 7], ids=["first", "middle", "last"])
+@pytest.mark.parametrize("phase", [0, 1])
+def test_an_uncovered_rank_is_reported(uncovered, phase):
+    cost = mixed_cost()
+    batch = Batch.from_lengths([1, 1])
+    full = (Group(0, 4, (MicroBatch((0,)),)), Group(4, 4, (MicroBatch((1,)),)))
+    holes = {
+        0: (Group(1, 1), Group(2, 2, (MicroBatch((0,)),)), Group(4, 4, (MicroBatch((1,)),))),
+        3: (Group(0, 2, (MicroBatch((0,)),)), Group(2, 1), Group(4, 4, (MicroBatch((1,)),))),
+        7: (Group(0, 4, (MicroBatch((0,)),)), Group(4, 2, (MicroBatch((1,)),)), Group(6, 1)),
+    }
+    phases = [Phase(full), Phase(tuple(Group(g.start_rank, g.degree) for g in full))]
+    phases[phase] = Phase(holes[uncovered])
+    if phase == 1:  # the sequences run in phase 1; phase 0 is idle
+        phases[0] = Phase(tuple(Group(g.start_rank, g.degree) for g in full))
+    good = make_plan([full], batch, cost, planner="hand")
+    plan = Plan(tuple(phases), 8, good.loss_normalizer, good.normalizer_kind, good.fingerprint)
+    violations = validate(plan, batch, cost)
+    assert [v.code for v in violations] == ["RANK_UNCOVERED"], violations
+    assert f"phase {phase}: ranks [{uncovered}] in no group" in str(violations[0])
+
+
+def _g(start, degree, *mbs):
+    return Group(start, degree, tuple(MicroBatch(*m) for m in mbs))
+
+
+# Each code on the mixed 2 x 4 cluster (degrees 1, 2, 4, 8), with the exact set it brings.
+# An aligned group of an allowed degree never straddles nodes here, so NODE_STRADDLE comes
+# with MISALIGNED.
+CASES = {
+    "NO_PHASES": ([], {}, ["NO_PHASES", "MISSING_SEQUENCE"]),
+    "WRONG_NUM_RANKS": ([[_g(0, 8, ((0, 1),))]], {"num_ranks": 4}, ["WRONG_NUM_RANKS"]),
+    "BAD_DEGREE": (
+        [[_g(0, 3, ((0, 1),)), _g(3, 1), _g(4, 4)]],
+        {},
+        ["BAD_DEGREE"],
+    ),
+    # (4 tokens at degree 2 with both layers recomputed need 35.5 bytes: they fit anywhere)
+    "MISALIGNED": ([[_g(0, 1), _g(1, 2, ((0, 1), 2)), _g(3, 1), _g(4, 4)]], {}, ["MISALIGNED"]),
+    "NODE_STRADDLE": (
+        [[_g(0, 2), _g(2, 1), _g(3, 2, ((0, 1), 2)), _g(5, 1), _g(6, 2)]],
+        {},
+        ["MISALIGNED", "NODE_STRADDLE"],
+    ),
+    "OUT_OF_RANGE": (
+        [[_g(0, 4), _g(4, 8, ((0, 1),))]],
+        {},
+        ["OUT_OF_RANGE", "RANK_UNCOVERED"],
+    ),
+    "RANK_OVERLAP": ([[_g(0, 4, ((0,),)), _g(4, 4, ((1,),)), _g(7, 1)]], {}, ["RANK_OVERLAP"]),
+    "RANK_UNCOVERED": ([[_g(0, 4, ((0, 1),)), _g(4, 2)]], {}, ["RANK_UNCOVERED"]),
+    "EMPTY_MICRO_BATCH": ([[_g(0, 8, ((0, 1),), ((),))]], {}, ["EMPTY_MICRO_BATCH"]),
+    "UNKNOWN_SEQUENCE": ([[_g(0, 8, ((0, 1, 9),))]], {}, ["UNKNOWN_SEQUENCE"]),
+    "DUPLICATE_SEQUENCE": ([[_g(0, 4, ((0, 1),)), _g(4, 4, ((1,),))]], {}, ["DUPLICATE_SEQUENCE"]),
+    "MISSING_SEQUENCE": ([[_g(0, 8, ((0,),))]], {}, ["MISSING_SEQUENCE"]),
+    "BAD_RECOMPUTE": ([[_g(0, 8, ((0,), 3), ((1,), -1))]], {}, ["BAD_RECOMPUTE"] * 2),
+    # rank 5 has 50 bytes: 2 tokens at degree 1 need 67.5 there (rank 0 would hold them)
+    "OUT_OF_MEMORY": (
+        [[_g(0, 4, ((0,),)), _g(4, 1), _g(5, 1, ((1,),)), _g(6, 2)]],
+        {},
+        ["OUT_OF_MEMORY"],
+    ),
+    "FINGERPRINT_MISMATCH": (
+        [[_g(0, 8, ((0, 1),))]],
+        {"fingerprint": "x"},
+        ["FINGERPRINT_MISMATCH"],
+    ),
+    "BAD_NORMALIZER": ([[_g(0, 8, ((0, 1),))]], {"loss_normalizer": 3.0}, ["BAD_NORMALIZER"]),
+}
+
+
+def test_the_cases_cover_every_code():
+    assert set(CASES) == set(CODES)
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_every_violation_code_on_a_multi_node_mixed_cluster(code):
+    cost = mixed_cost()
+    batch = Batch.from_lengths([2, 2])
+    phases, changes, want = CASES[code]
+    good = make_plan([[_g(0, 8, ((0, 1),))]], batch, cost, planner="hand")
+    assert validate(good, batch, cost) == []
+    fields = {
+        "phases": tuple(Phase(tuple(gs)) for gs in phases),
+        "num_ranks": 8,
+        "loss_normalizer": good.loss_normalizer,
+        "normalizer_kind": good.normalizer_kind,
+        "fingerprint": good.fingerprint,
+    } | changes
+    plan = Plan(**fields)
+    violations = validate(plan, batch, cost)
+    assert sorted(v.code for v in violations) == sorted(want), violations
+    with pytest.raises(InvalidPlanError, match=code):
+        ensure_valid(plan, batch, cost)
+    if code in ("FINGERPRINT_MISMATCH", "BAD_NORMALIZER"):
+        assert validate(plan, batch, cost, check_fingerprint=False) == []
