@@ -21,9 +21,9 @@ Proxy for a step's time: the predicted step time of the greedy planner's plan of
 The certified per-step bound (dcp_opt.bounds) cannot guide the choice: its work term is a sum
 over sequences, so its sum over the epoch is the same for every assignment, and only steps
 whose longest sequence outlasts their work could gain. On 2D workloads at 2M-token steps on 32
-H200 that never happens (the 432K-token video's critical path is 0.48 s, every step's work
-bound >= 0.88 s), yet the greedy plans sit 4-11 % above the bound, mostly in steps whose
-long videos do not divide evenly over the groups. Greedy sees that; it takes 5-30 ms a step.
+H200 that never happens (the 432K-token video's critical path is 0.40 s, every step's work
+bound >= 0.79 s: docs/stream.md), yet the greedy plans sit 3-12 % above the bound, mostly in
+steps whose long videos do not divide evenly over the groups. Greedy sees that (~15 ms a step).
 
 Algorithm:
 1. data order; where a step is outside the band (a long sample at its edge), move samples
