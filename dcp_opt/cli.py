@@ -3,7 +3,8 @@
     dcp-opt plan      plan one batch with one planner, print a summary, write plan JSON
     dcp-opt simulate  validate a plan JSON against its inputs and predict its step
     dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.gantt)
-    dcp-opt bench     every planner on every standard workload (dcp_opt.bench)
+    dcp-opt bench     every planner on every standard workload (dcp_opt.bench); with
+                      --stream, every method over an epoch (dcp_opt.stream)
     dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.whatif)
     dcp-opt profile   measure the model on this device, fit the cost model (dcp_opt.profile_cli)
 
@@ -313,11 +314,32 @@ def _add_bench(sub) -> None:
     p.add_argument("--json", metavar="OUT", help="write every figure here (see dcp_opt.bench)")
     p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
     p.add_argument("--no-progress", action="store_true")
+    _add_stream_args(p)
     p.set_defaults(func=cmd_bench)
+
+
+def _add_stream_args(p) -> None:
+    s = p.add_argument_group("stream (an epoch per workload; see dcp_opt.stream)")
+    s.add_argument(
+        "--stream",
+        action="store_true",
+        help="judge every method over an epoch, published methods as published",
+    )
+    s.add_argument("--quick", action="store_true", help="with --stream: a small epoch (CI)")
+    s.add_argument("--epoch-batches", type=int, default=None, metavar="N", help="default 256")
+    s.add_argument(
+        "--step-sizes", default=None, metavar="M,M", help="tokens per step in 2^20 (2,8,16)"
+    )
+    s.add_argument("--former-k", type=int, default=None, help="step former: max shift (steps)")
+    s.add_argument("--former-e", type=float, default=None, help="step former: token tolerance")
+    s.add_argument("--memory-cap", type=float, default=None, help="published cap (0.7)")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
+
+    if args.stream:
+        return cmd_stream(args)
 
     from .bench import run_bench
     from .bench_display import error_lines, render_table
@@ -342,6 +364,56 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     failed = any(not r["all_valid"] for r in doc["summary"])
     return EXIT_FAILED if (args.strict and failed) else 0
+
+
+def stream_config(args: argparse.Namespace):
+    """StreamConfig from the bench arguments (--quick first, explicit flags over it)."""
+    from .stream import MILLION, QUICK, STREAM_WORKLOADS, StreamConfig
+
+    kw: dict = dict(QUICK) if args.quick else {}
+    kw["cluster"] = args.cluster
+    kw["seed"] = args.seed
+    kw["workloads"] = _split(args.workloads) or STREAM_WORKLOADS
+    if args.planners:
+        kw["planners"] = _split(args.planners)
+    if args.epoch_batches is not None:
+        kw["num_batches"] = args.epoch_batches
+    if args.step_sizes:
+        try:
+            kw["step_sizes"] = tuple(int(float(x) * MILLION) for x in _split(args.step_sizes))
+        except ValueError:
+            raise DcpOptError(f"step-sizes: {args.step_sizes!r} is not a list of numbers") from None
+    if args.time_limit is not None:
+        kw["cpsat_budget_s"] = args.time_limit
+    for flag, key in (
+        ("former_k", "former_max_shift"),
+        ("former_e", "former_tolerance"),
+        ("memory_cap", "memory_cap"),
+    ):
+        if getattr(args, flag) is not None:
+            kw[key] = getattr(args, flag)
+    return StreamConfig(**kw)
+
+
+def cmd_stream(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .stream import run_stream
+    from .stream_display import render_fidelity_table, render_stream_table
+
+    config = stream_config(args)
+    with _progress(disabled=args.no_progress) as (on_start, on_done):
+        doc = run_stream(config, make_cost=_bench_costs(args), on_start=on_start, on_done=on_done)
+    console = Console(soft_wrap=False, width=max(Console().width, 130))
+    console.print(render_stream_table(doc))
+    if doc["fidelity"]:
+        console.print(render_fidelity_table(doc))
+    for line in doc["notes"]:
+        _note(line)
+    _note(f"stream bench: {doc['total_wall_time_s']:.1f} s")
+    if args.json:
+        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
+    return 0
 
 
 def _bench_costs(args: argparse.Namespace):

@@ -1,10 +1,25 @@
-"""DCP-intra, DCP-inter and DCP-inter+PAC, as published in VideoSys (research/videosys_dcp.md
-sec. 2.2-2.5; `videosys/training/datasets/open_sora/sampler.py`), on one global batch.
+"""DCP-intra, DCP-inter and DCP-inter+PAC: the published profile forced into a fixed batch.
 
-The published sampler plans a whole epoch as a stream of optimizer steps; a dcp_opt Plan covers
-one global batch. Each published step becomes one Phase of the plan (the group layout changes
-between phases; gradients are still synchronised once, after the last phase). Randomness
-(per-bucket shuffle, sp-size and bucket choice) comes from `numpy.random.default_rng(seed)`.
+This is NOT the published method as it runs. The published sampler
+(`videosys/training/datasets/open_sora/sampler.py`, research/videosys_dcp.md sec. 2.2-2.5)
+plans a whole epoch and forms its own optimizer steps, each holding however many samples its
+fill and GA solver choose (8-28M tokens for PAC on the standard 2D workloads). Given one
+standard 2M-token batch (32 GPUs x 64K) it forms **zero** steps: with drop_last (every
+benchmark yaml) inter and PAC truncate each bucket to a multiple of its profiled bs, which
+empties nearly every bucket of such a batch, and a step whose groups cannot fill all the GPUs
+is discarded (sampler.py:386-390, 422-425, 613-616); measured with
+solvers/videosys_stream.py on seeds 0-2 of every standard workload at the published 0.7 cap:
+0 steps for every 2D workload and every method, 0 for inter and PAC on every 1D workload too.
+The published form over an epoch is solvers/videosys_stream.py (`dcp-opt bench --stream`).
+
+Here, for the one-batch bench, the published per-bucket profile and step rules are applied to
+one global batch with no sample dropped, and each published step becomes one Phase of one
+plan (the group layout changes between phases; gradients are still synchronised once, after
+the last phase). Published settings this changes (docs/baselines.md measures each):
+memory cap 0.9 instead of 0.7; drop_last off; PAC's min accumulation 2 instead of 15; one
+optimizer step per batch instead of one per sampler step; the unbiased sp-size draw for inter.
+Randomness (per-bucket shuffle, sp-size and bucket choice) comes from
+`numpy.random.default_rng(seed)`.
 
 Where faithfulness and the no-drop rule clash (every sequence is trained exactly once):
 
@@ -21,9 +36,10 @@ Where faithfulness and the no-drop rule clash (every sequence is trained exactly
    that bucket; drop_last only) is skipped; the chain ends when the bucket runs out (the
    published realised-gas behaviour, sec. 6.A7).
 4. One global batch is small against the profile: a bucket's memory-bound bs often exceeds its
-   count in the batch, so the first step takes whole buckets, and inter has nothing left to
-   chain (its plan is then one phase of whole buckets, mostly at sp=1). This is what the
-   published algorithm does with such a batch; we do not rescale the profile.
+   count in the batch, so the first phase takes whole buckets, and inter has nothing left to
+   chain (its plan is then one phase of whole buckets, mostly at sp=1). The published
+   algorithm would form no step from such a batch at all (see above); we do not rescale the
+   profile.
 5. Intra's pop (sec. 2.3 d) returns the popped groups' samples to the pool (as published); if
    the pops leave fewer than N GPUs busy (only on non-power-of-two clusters) the rest idle.
 6. PAC's min_gas 15 (dcp_inter_ckpt.yaml) is a per-optimizer-step rule; applied to every phase

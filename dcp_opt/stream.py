@@ -1,0 +1,473 @@
+"""`dcp-opt bench --stream`: throughput over an epoch (a stream of data), each method in the
+form it runs in practice, at matched training semantics.
+
+The one-batch bench (dcp_opt.bench) forces every method into one fixed 2M-token batch. The
+published VideoSys methods form their own optimizer steps over a whole epoch instead, so that
+framing misjudges them (the published sampler forms no step at all from one such batch). Here:
+
+- an epoch is `num_batches` x `tokens_per_batch` tokens of a workload, drawn with one seed
+  (`stream_epoch`); `2d-videosys` is VideoSys' benchmark dataset itself (100,000 images and
+  2,000 videos, research/videosys_dcp.md sec. 5.1);
+- published methods (bucket, dcp_intra, dcp_inter, dcp_inter_pac) run their sampler over the
+  epoch as published (solvers/videosys_stream.py: memory cap 0.7, PAC's minimum accumulation
+  15, drop_last), each also as a no-drop variant (`<method>/nodrop`);
+- the project's planners run at fixed global batch sizes: the epoch is cut in data order into
+  steps of `target` tokens (`<planner>@<size>`), and with the step former when it is built
+  (`<planner>+former@<size>`: samples may move up to K steps, tokens per step within +-e);
+  the sizes are `step_sizes` plus the median step of published bucket and PAC;
+- every step is one optimizer step: simulate() of its plan, which ends with the gradient sync
+  (the barrier). The epoch time is the sum over steps.
+
+JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
+
+    schema, config (cluster, num_gpus, workloads, num_batches, tokens_per_batch, seed,
+        step_sizes, planners, cpsat_sizes, cpsat_budget_s, memory_cap, former_max_shift,
+        former_tolerance, models), total_wall_time_s, notes (integration points missing)
+    epochs      one row per workload: workload, num_sequences, num_tokens, wall_time_s
+    methods     one row per (workload, method):
+        workload, method, family ("published" | "project"), planner, drop_last,
+        step_former, target_tokens (null for published), num_steps, trained_tokens,
+        dropped_tokens, dropped_share, epoch_time_s, tokens_per_s,
+        step_tokens {median, p10, p90}, step_time_s {median, p10, p90},
+        planning_s (all steps), planning_ms_per_step (median), bound_s, gap_to_bound
+        (epoch time / stream lower bound - 1; null when solvers/stream_bound.py is absent),
+        speedup_vs_bucket, speedup_vs_pac (tokens/s over published bucket / dcp_inter_pac,
+        drop_last)
+    matched     per workload and published median step size (of bucket and of PAC): the
+        project's best planner without / with the step former at that size, its tokens/s
+        over published PAC and bucket, and its gap to the stream bound
+    fidelity    per workload: published intra / inter / PAC tokens/s over published bucket
+        next to the paper's ratio for that cluster size (PAPER_RATIOS)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .batch import Batch, Sequence
+from .build import make_plan
+from .cost import CostModel
+from .errors import DcpOptError
+from .inputs import load_cluster
+from .model import model_preset
+from .simulate import simulate
+from .validate import validate
+from .workloads import (
+    DISTRIBUTIONS,
+    TEXT_CLIP,
+    TEXT_MEDIANS,
+    TEXT_SIGMA,
+    Workload,
+    bucket_probabilities,
+    video_buckets,
+    video_shape,
+)
+
+STREAM_SCHEMA = "dcp-opt-stream/1"
+DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
+MILLION = 1 << 20
+DEFAULT_TOKENS_PER_BATCH = 2 * MILLION  # the one-batch bench's 32 GPUs x 64K
+STREAM_WORKLOADS = tuple(f"{k}-{d}" for k in ("2d", "1d") for d in DISTRIBUTIONS) + ("2d-videosys",)
+PUBLISHED = ("bucket", "dcp_intra", "dcp_inter", "dcp_inter_pac")
+# The paper's ratios over bucket parallel (REFERENCE.md sec. 2): README figure on 8 GPUs per
+# workload (intra, inter, inter+PAC), and the 32-H200 table (ranges, no per-workload split).
+PAPER_RATIOS = {
+    8: {
+        "2d-short": {"dcp_intra": 1.40 / 0.90, "dcp_inter": 1.92 / 0.90, "dcp_inter_pac": 2.48},
+        "2d-balanced": {
+            "dcp_intra": 1.42 / 1.16,
+            "dcp_inter": 1.95 / 1.16,
+            "dcp_inter_pac": 1.78,
+        },
+        "2d-long": {"dcp_intra": 1.64 / 1.54, "dcp_inter": 1.96 / 1.54, "dcp_inter_pac": 1.28},
+    },
+    32: {"*": {"dcp_inter": (1.68, 2.70), "dcp_inter_pac": (None, 2.88)}},
+}
+# VideoSys' benchmark dataset (datasets.py:229-446; counts from its Zipf formula, research
+# sec. 5.1): (resolution, frames) -> samples. 1 frame = an image.
+VIDEOSYS_COUNTS = {
+    ("144p", 1): 39003, ("240p", 1): 24562, ("360p", 1): 16454, ("480p", 1): 11556,
+    ("720p", 1): 8425, ("144p", 51): 592, ("240p", 51): 373, ("144p", 102): 250,
+    ("360p", 51): 176, ("240p", 102): 128, ("480p", 51): 96, ("144p", 204): 74,
+    ("360p", 102): 58, ("720p", 51): 47, ("240p", 204): 38, ("480p", 102): 31,
+    ("144p", 408): 26, ("360p", 204): 22, ("720p", 102): 19, ("240p", 408): 16,
+    ("480p", 204): 14, ("360p", 408): 12, ("720p", 204): 11, ("480p", 408): 9,
+    ("720p", 408): 8,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    cluster: str = "h200x32"
+    workloads: tuple[str, ...] = STREAM_WORKLOADS
+    num_batches: int = 250
+    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH
+    seed: int = 0
+    step_sizes: tuple[int, ...] = (2 * MILLION, 8 * MILLION, 16 * MILLION)
+    planners: tuple[str, ...] = ("greedy", "cpsat")
+    cpsat_sizes: tuple[int, ...] = (2 * MILLION,)  # cpsat only here: greedy elsewhere
+    cpsat_budget_s: float = 0.05
+    published: tuple[str, ...] = PUBLISHED
+    nodrop: bool = True
+    memory_cap: float = 0.7
+    former_max_shift: int = 2
+    former_tolerance: float = 0.05
+    models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
+
+    def __post_init__(self) -> None:
+        for w in self.workloads:
+            if w not in STREAM_WORKLOADS:
+                raise DcpOptError(f"workload: {w!r} not allowed; allowed: {STREAM_WORKLOADS}")
+        if self.num_batches < 1 or self.tokens_per_batch < 1:
+            raise DcpOptError("batches, tokens_per_batch: must be >= 1")
+        if any(s < 1 for s in self.step_sizes):
+            raise DcpOptError(f"step_sizes: must be >= 1 token, got {self.step_sizes}")
+        unknown = [p for p in self.published if p not in PUBLISHED]
+        if unknown:
+            raise DcpOptError(f"published: {unknown} not allowed; allowed: {list(PUBLISHED)}")
+
+
+QUICK = {"num_batches": 8, "step_sizes": (2 * MILLION,), "planners": ("greedy",)}
+
+
+# ---- the epoch ---------------------------------------------------------------------------------
+def stream_epoch(name: str, seed: int, num_batches: int, tokens_per_batch: int) -> Batch:
+    """An epoch in data order: ids 0..n-1. Standard workloads draw sequences until
+    num_batches x tokens_per_batch tokens; `2d-videosys` is VideoSys' dataset, shuffled."""
+    rng = np.random.default_rng(seed)
+    if name == "2d-videosys":
+        shapes = [video_shape(r, f) for (r, f), n in VIDEOSYS_COUNTS.items() for _ in range(n)]
+        order = rng.permutation(len(shapes))
+        return Batch(tuple(Sequence(i, shapes[j]) for i, j in enumerate(order)))
+    w = Workload.parse(name)
+    budget = num_batches * tokens_per_batch
+    shapes: list[tuple[int, ...]] = []
+    total = 0
+    while total < budget:  # vectorised draws, chunk by chunk, until the budget is reached
+        chunk = _draw(w, rng, 4096)
+        tokens = np.cumsum([math.prod(s) for s in chunk]) + total
+        n = int(np.searchsorted(tokens, budget)) + 1  # the last one may cross the budget
+        shapes += chunk[:n]
+        total = int(tokens[min(n, len(chunk)) - 1])
+    return Batch(tuple(Sequence(i, s) for i, s in enumerate(shapes)))
+
+
+def _draw(w: Workload, rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
+    """n shapes from the distributions of Workload.sample_shape (REFERENCE.md sec. 4), drawn
+    as one array: the one-batch bench's per-sample draws take ~9 s for a 2D epoch."""
+    if w.kind == "2d":
+        buckets = video_buckets()
+        idx = rng.choice(len(buckets), size=n, p=bucket_probabilities(w.distribution))
+        return [buckets[i][2] for i in idx]
+    x = rng.lognormal(math.log(TEXT_MEDIANS[w.distribution]), TEXT_SIGMA, size=n)
+    return [(int(v),) for v in np.clip(np.round(x), *TEXT_CLIP)]
+
+
+def data_order_steps(epoch: Batch, target_tokens: int) -> list[list[int]]:
+    """Fixed-size steps in data order (the last may be short); the step former's module
+    provides the same when built, and is then used instead."""
+    try:
+        from dcp_opt.solvers.step_former import data_order_steps as theirs
+    except ImportError:
+        theirs = None
+    if theirs is not None:
+        return theirs(list(epoch.sequences), target_tokens)
+    steps, cur, tok = [], [], 0
+    for s in epoch.sequences:
+        cur.append(s.id)
+        tok += s.num_tokens
+        if tok >= target_tokens:
+            steps.append(cur)
+            cur, tok = [], 0
+    return steps + ([cur] if cur else [])
+
+
+# ---- one method over the epoch -------------------------------------------------------------
+@dataclass
+class EpochRun:
+    """What a method did with the epoch: per step, its sequence ids, time and planning."""
+
+    steps: list[list[int]]
+    step_times: list[float]
+    dropped: list[int]
+    planning_s: list[float]
+    bound_s: float | None = None
+
+
+def _sub_batch(epoch: Batch, ids) -> Batch:
+    return Batch(tuple(epoch.sequences[i] for i in ids))
+
+
+def time_published_steps(epoch: Batch, cost: CostModel, groups_per_step) -> list[float]:
+    """Each published step as a one-phase Plan: validated, then simulated."""
+    out = []
+    for groups in groups_per_step:
+        ids = [i for g in groups for mb in g.micro_batches for i in mb.sequence_ids]
+        b = _sub_batch(epoch, ids)
+        plan = make_plan([groups], b, cost, planner="published")
+        bad = validate(plan, b, cost)
+        if bad:
+            raise DcpOptError(f"published step invalid: {bad[0]}")
+        out.append(simulate(plan, b, cost, events=False).step_time_s)
+    return out
+
+
+def run_published(epoch, cost, method, *, seed, drop_last, memory_cap) -> EpochRun:
+    from dcp_opt.solvers.videosys_stream import published_epoch
+
+    pub = published_epoch(
+        epoch, cost, method, seed=seed, drop_last=drop_last, memory_cap=memory_cap
+    )
+    steps = [[i for g in st for mb in g.micro_batches for i in mb.sequence_ids] for st in pub.steps]
+    times = time_published_steps(epoch, cost, pub.steps)
+    per = pub.planning_s / max(len(steps), 1)
+    bound = _bound(epoch, cost, steps, 0, lp=False)
+    return EpochRun(steps, times, pub.dropped, [per] * len(steps), bound)
+
+
+def run_fixed(epoch, cost, planner, steps, options, max_shift=0) -> EpochRun:
+    """A project planner on each given step (sequence ids); nothing is dropped."""
+    from dcp_opt.solvers import get_planner
+
+    fn = get_planner(planner)
+    times, walls = [], []
+    for ids in steps:
+        b = _sub_batch(epoch, ids)
+        t0 = time.perf_counter()
+        res = fn(b, cost, **options)
+        walls.append(time.perf_counter() - t0)
+        if res.plan is None or not res.ok:
+            raise DcpOptError(f"{planner}: no plan for a step ({res.status}: {res.message})")
+        times.append(res.predicted_step_time_s)
+    return EpochRun(steps, times, [], walls, _bound(epoch, cost, steps, max_shift))
+
+
+def _bound(epoch, cost, steps, max_shift, lp: bool = True) -> float | None:
+    """The stream lower bound of these steps (solvers/stream_bound.py), None if not built.
+    lp=False: the separable per-step bound only (no LP refinement; ~50 ms a step less), for
+    the published methods, whose gap is large either way."""
+    try:
+        from dcp_opt.solvers.stream_bound import stream_lower_bound
+    except ImportError:
+        return None
+    if not steps:  # a published sampler may form no step at all from a small epoch
+        return None
+    kw = {} if lp else {"lp_time_limit_s": 0.0}
+    return float(
+        stream_lower_bound([_sub_batch(epoch, s) for s in steps], cost, max_shift=max_shift, **kw)
+    )
+
+
+def former_steps(epoch: Batch, cost, target: int, k: int, e: float) -> list[list[int]] | None:
+    """Steps chosen by the step former (solvers/step_former.py), None if not built."""
+    try:
+        from dcp_opt.solvers.step_former import form_steps
+    except ImportError:
+        return None
+    return form_steps(
+        list(epoch.sequences), target_tokens=target, max_shift=k, tolerance=e, cost=cost
+    )
+
+
+# ---- figures -----------------------------------------------------------------------------------
+def _pcts(xs) -> dict:
+    a = np.asarray(xs, dtype=float)
+    if a.size == 0:
+        return {"median": None, "p10": None, "p90": None}
+    p10, med, p90 = np.percentile(a, [10, 50, 90])
+    return {"median": float(med), "p10": float(p10), "p90": float(p90)}
+
+
+def method_row(workload: str, method: str, run: EpochRun, epoch: Batch, **labels) -> dict:
+    tok = epoch.tokens_by_id
+    step_tokens = [sum(tok[i] for i in s) for s in run.steps]
+    trained = sum(step_tokens)
+    total = sum(run.step_times)
+    dropped = sum(tok[i] for i in run.dropped)
+    return {
+        "workload": workload,
+        "method": method,
+        **labels,
+        "num_steps": len(run.steps),
+        "trained_tokens": trained,
+        "dropped_tokens": dropped,
+        "dropped_share": dropped / epoch.num_tokens,
+        "epoch_time_s": total,
+        "tokens_per_s": trained / total if total > 0 else None,
+        "step_tokens": _pcts(step_tokens),
+        "step_time_s": _pcts(run.step_times),
+        "planning_s": float(sum(run.planning_s)),
+        "planning_ms_per_step": _pcts(run.planning_s)["median"]
+        and 1e3 * _pcts(run.planning_s)["median"],
+        "bound_s": run.bound_s,
+        "gap_to_bound": None if not run.bound_s else total / run.bound_s - 1,
+    }
+
+
+def _size_label(tokens: int) -> str:
+    return f"{tokens / MILLION:.3g}M"
+
+
+def _targets(config: StreamConfig, rows: list[dict]) -> dict[int, str]:
+    """Step sizes of the project's planners: the configured ones and the published medians."""
+    out = {int(s): _size_label(s) for s in config.step_sizes}
+    for r in rows:
+        if r["method"] in ("bucket", "dcp_inter_pac") and r["step_tokens"]["median"]:
+            t = int(round(r["step_tokens"]["median"]))
+            out.setdefault(t, f"{_size_label(t)}={r['method']}-median")
+    return out
+
+
+def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
+    """The project's planners at every target size, without and with the step former."""
+    out = []
+    for target, label in _targets(config, rows).items():
+        data_steps = data_order_steps(epoch, target)
+        former = former_steps(epoch, cost, target, config.former_max_shift, config.former_tolerance)
+        if former is None and "step former" not in " ".join(notes):
+            notes.append("step former not built (solvers/step_former.py): +former rows absent")
+        for planner in config.planners:
+            if planner == "cpsat" and target not in config.cpsat_sizes:
+                continue
+            opts = {"time_limit_s": config.cpsat_budget_s} if planner == "cpsat" else {}
+            variants = [("", data_steps, 0)]
+            if former is not None:
+                variants.append(("+former", former, config.former_max_shift))
+            for tag, steps, k in variants:
+                name = f"{planner}{tag}@{label}"
+                run = run_fixed(epoch, cost, planner, steps, opts, max_shift=k)
+                out.append(
+                    method_row(
+                        workload, name, run, epoch, family="project", planner=planner,
+                        drop_last=False, step_former=bool(tag), target_tokens=target,
+                    )
+                )  # fmt: skip
+                on_done(workload, name)
+    return out
+
+
+def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) -> tuple:
+    t0 = time.perf_counter()
+    epoch = stream_epoch(workload, config.seed, config.num_batches, config.tokens_per_batch)
+    cost.check_fits(epoch)
+    rows = []
+    for method in config.published:
+        for drop in (True, False) if config.nodrop else (True,):
+            run = run_published(
+                epoch, cost, method, seed=config.seed, drop_last=drop,
+                memory_cap=config.memory_cap,
+            )  # fmt: skip
+            name = method if drop else f"{method}/nodrop"
+            rows.append(
+                method_row(
+                    workload, name, run, epoch, family="published", planner=method,
+                    drop_last=drop, step_former=False, target_tokens=None,
+                )
+            )  # fmt: skip
+            on_done(workload, name)
+    rows += _project_runs(config, workload, epoch, cost, rows, notes or [], on_done)
+    _fill_speedups(rows)
+    info = {
+        "workload": workload,
+        "num_sequences": len(epoch),
+        "num_tokens": epoch.num_tokens,
+        "wall_time_s": time.perf_counter() - t0,
+    }
+    return info, rows
+
+
+def _fill_speedups(rows: list[dict]) -> None:
+    ref = {r["method"]: r["tokens_per_s"] for r in rows if r["family"] == "published"}
+    for r in rows:
+        for key, m in (("speedup_vs_bucket", "bucket"), ("speedup_vs_pac", "dcp_inter_pac")):
+            base = ref.get(m)
+            r[key] = r["tokens_per_s"] / base if base and r["tokens_per_s"] else None
+
+
+def matched_rows(rows: list[dict]) -> list[dict]:
+    """At each published median step size: the best project planner, without and with the
+    step former, against published PAC and bucket."""
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        rs = [r for r in rows if r["workload"] == w and r["family"] == "project"]
+        for ref in ("dcp_inter_pac", "bucket"):
+            at = [r for r in rs if r["method"].endswith(f"={ref}-median")]
+            for former in (False, True):
+                cands = [r for r in at if r["step_former"] == former]
+                if not cands:
+                    continue
+                best = max(cands, key=lambda r: r["tokens_per_s"])
+                out.append(
+                    {
+                        "workload": w,
+                        "matched_to": ref,
+                        "target_tokens": best["target_tokens"],
+                        "step_former": former,
+                        "method": best["method"],
+                        "tokens_per_s": best["tokens_per_s"],
+                        "vs_pac": best["speedup_vs_pac"],
+                        "vs_bucket": best["speedup_vs_bucket"],
+                        "gap_to_bound": best["gap_to_bound"],
+                    }
+                )
+    return out
+
+
+def fidelity_rows(rows: list[dict], num_gpus: int) -> list[dict]:
+    """Published methods over published bucket (drop_last, as the paper ran them) next to
+    the paper's ratio for this cluster size."""
+    paper = PAPER_RATIOS.get(num_gpus, {})
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        ref = paper.get(w, paper.get("*", {}))
+        for r in rows:
+            if r["workload"] == w and r["method"] in ("dcp_intra", "dcp_inter", "dcp_inter_pac"):
+                out.append(
+                    {
+                        "workload": w,
+                        "method": r["method"],
+                        "model_ratio": r["speedup_vs_bucket"],
+                        "paper_ratio": ref.get(r["method"]),
+                    }
+                )
+    return out
+
+
+def run_stream(
+    config: StreamConfig,
+    *,
+    make_cost: Callable | None = None,
+    on_start: Callable[[int], None] = lambda total: None,
+    on_done: Callable[[str, str], None] = lambda workload, method: None,
+) -> dict:
+    started = time.perf_counter()
+    cluster = load_cluster(config.cluster)
+    make_cost = make_cost or (lambda m, c: CostModel(m, c))
+    costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}
+    per_workload = (
+        len(config.published) * (2 if config.nodrop else 1)
+        + len(config.planners) * (len(config.step_sizes) + 2) * 2
+    )
+    on_start(per_workload * len(config.workloads))
+    epochs, rows, notes = [], [], []
+    for w in config.workloads:
+        info, rs = run_workload(config, w, costs[w[:2]], on_done, notes)
+        epochs.append(info)
+        rows += rs
+    cfg = asdict(config)
+    cfg.update(num_gpus=cluster.num_gpus, models={k: c.model.name for k, c in costs.items()})
+    return {
+        "schema": STREAM_SCHEMA,
+        "config": cfg,
+        "total_wall_time_s": time.perf_counter() - started,
+        "notes": notes,
+        "epochs": epochs,
+        "methods": rows,
+        "matched": matched_rows(rows),
+        "fidelity": fidelity_rows(rows, cluster.num_gpus),
+    }

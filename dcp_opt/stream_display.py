@@ -1,0 +1,81 @@
+"""How `dcp-opt bench --stream` shows its document (dcp_opt.stream): rich tables.
+
+rich is imported only inside the render functions, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from .bench_display import _fmt
+
+
+def _m(x: float | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.2f}"
+
+
+def render_stream_table(doc: dict):
+    """One row per (workload, method): throughput, step sizes, drops, planning, bound gap."""
+    from rich.table import Table
+
+    cfg = doc["config"]
+    table = Table(
+        title=f"dcp-opt bench --stream: {cfg['cluster']} ({cfg['num_gpus']} GPUs), one epoch "
+        f"of {cfg['num_batches']} x {cfg['tokens_per_batch'] / 2**20:.3g}M tokens per workload",
+        title_justify="left",
+        caption="published: the VideoSys sampler over the epoch (cap 0.7, PAC min 15 "
+        "micro-batches, drop_last; /nodrop keeps every sample); planner@size: fixed steps of "
+        "that many tokens in data order (+former: the step former); M = 2^20 tokens; vs X: "
+        "tokens/s over published X; gap: epoch time / stream lower bound - 1",
+        caption_justify="left",
+    )
+    cols = [
+        ("workload", "left"),
+        ("method", "left"),
+        ("Mtok/s", "right"),
+        ("step M p50 [p10-p90]", "right"),
+        ("dropped", "right"),
+        ("vs bucket", "right"),
+        ("vs PAC", "right"),
+        ("gap", "right"),
+        ("plan s", "right"),
+    ]
+    for col, just in cols:
+        table.add_column(col, justify=just)
+    last = None
+    for r in doc["methods"]:
+        if last is not None and r["workload"] != last:
+            table.add_section()
+        last = r["workload"]
+        st = r["step_tokens"]
+        table.add_row(
+            r["workload"],
+            r["method"],
+            _fmt(None if r["tokens_per_s"] is None else r["tokens_per_s"] / 1e6, ".3f"),
+            f"{_m(st['median'])} [{_m(st['p10'])}-{_m(st['p90'])}]",
+            _fmt(r["dropped_share"], ".1%"),
+            _fmt(r["speedup_vs_bucket"], ".2f", "x"),
+            _fmt(r["speedup_vs_pac"], ".2f", "x"),
+            _fmt(r["gap_to_bound"], ".1%"),
+            _fmt(r["planning_s"], ".2f"),
+        )
+    return table
+
+
+def render_fidelity_table(doc: dict):
+    """Published methods over published bucket on this cost model, next to the paper's."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"published / published bucket, {doc['config']['num_gpus']} GPUs: this cost "
+        "model vs the paper (README figure: 8 GPUs; paper table: 32 GPUs, ranges)",
+        title_justify="left",
+    )
+    for col in ("workload", "method", "model", "paper"):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for r in doc["fidelity"]:
+        p = r["paper_ratio"]
+        if isinstance(p, (list, tuple)):
+            paper = "-".join("?" if x is None else f"{x:.2f}" for x in p) + "x"
+        else:
+            paper = _fmt(p, ".2f", "x")
+        table.add_row(r["workload"], r["method"], _fmt(r["model_ratio"], ".2f", "x"), paper)
+    return table

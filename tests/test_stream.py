@@ -1,0 +1,160 @@
+"""The stream benchmark (dcp_opt.stream) and the published samplers over an epoch
+(solvers/videosys_stream.py): accounting, published settings, JSON keys, the CLI."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from dcp_opt.solvers.videosys_stream import MIN_GAS, PUBLISHED_METHODS, published_epoch
+
+from dcp_opt.cli import main
+from dcp_opt.cost import CostModel
+from dcp_opt.errors import DcpOptError
+from dcp_opt.inputs import load_cluster
+from dcp_opt.model import model_preset
+from dcp_opt.stream import (
+    DEFAULT_MODELS,
+    MILLION,
+    QUICK,
+    STREAM_SCHEMA,
+    StreamConfig,
+    data_order_steps,
+    method_row,
+    run_fixed,
+    run_published,
+    run_stream,
+    stream_epoch,
+)
+
+CLUSTER = load_cluster("h200x32")
+COSTS = {k: CostModel(model_preset(m), CLUSTER) for k, m in DEFAULT_MODELS.items()}
+EPOCHS = {w: stream_epoch(w, 3, 8, 2 * MILLION) for w in ("2d-balanced", "1d-long")}
+
+
+def _ids(steps) -> list[int]:
+    return [i for st in steps for g in st for mb in g.micro_batches for i in mb.sequence_ids]
+
+
+@pytest.mark.parametrize("workload", sorted(EPOCHS))
+@pytest.mark.parametrize("method", PUBLISHED_METHODS)
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_published_epoch_trains_every_kept_sample_once(workload, method, drop_last):
+    epoch, cost = EPOCHS[workload], COSTS[workload[:2]]
+    pub = published_epoch(epoch, cost, method, seed=1, drop_last=drop_last)
+    trained = _ids(pub.steps)
+    assert not [i for i, n in Counter(trained + pub.dropped).items() if n > 1]
+    assert sorted(trained + pub.dropped) == list(range(len(epoch)))
+    if not drop_last:
+        assert pub.dropped == []
+    capped = cost.with_(usable_memory_fraction=0.7).capacity()
+    for st in pub.steps:  # the published 0.7 cap holds for every micro-batch
+        for g in st:
+            for mb in g.micro_batches:
+                tok = sum(epoch.sequences[i].num_tokens for i in mb.sequence_ids)
+                assert cost.memory(tok, g.degree, mb.recompute_layers) <= capped * (1 + 1e-9)
+
+
+def test_pac_chains_reach_the_published_minimum():
+    """dcp_inter_ckpt.yaml: the longest chain of every PAC step has >= 15 micro-batches."""
+    epoch = stream_epoch("2d-balanced", 0, 64, 2 * MILLION)
+    pub = published_epoch(epoch, COSTS["2d"], "dcp_inter_pac", seed=0)
+    assert pub.steps
+    assert (
+        min(max(len(g.micro_batches) for g in st) for st in pub.steps) >= MIN_GAS["dcp_inter_pac"]
+    )
+
+
+def test_one_standard_batch_forms_no_published_step():
+    """The claim solvers/videosys.py makes: a 2M-token batch is too small for the sampler."""
+    from dcp_opt.workloads import standard_batch
+
+    batch = standard_batch("2d-short", 0)
+    for method in PUBLISHED_METHODS:
+        pub = published_epoch(batch, COSTS["2d"], method, seed=0)
+        assert pub.steps == [] and len(pub.dropped) == len(batch)
+
+
+def test_bad_method_and_cap_are_refused():
+    epoch = EPOCHS["1d-long"]
+    with pytest.raises(DcpOptError, match="method"):
+        published_epoch(epoch, COSTS["1d"], "dcp_magic")
+    with pytest.raises(DcpOptError, match="memory_cap"):
+        published_epoch(epoch, COSTS["1d"], "dcp_inter", memory_cap=1.5)
+
+
+def test_rows_add_up():
+    """Per method: trained + dropped = the epoch; tokens/s = trained / summed step times."""
+    epoch, cost = EPOCHS["1d-long"], COSTS["1d"]
+    runs = {
+        "pac": run_published(epoch, cost, "dcp_inter_pac", seed=0, drop_last=True, memory_cap=0.7),
+        "greedy": run_fixed(epoch, cost, "greedy", data_order_steps(epoch, MILLION), {}),
+    }
+    for name, run in runs.items():
+        row = method_row("1d-long", name, run, epoch)
+        assert row["trained_tokens"] + row["dropped_tokens"] == epoch.num_tokens
+        assert row["num_steps"] == len(run.steps) == len(run.step_times)
+        assert row["tokens_per_s"] == pytest.approx(row["trained_tokens"] / sum(run.step_times))
+        assert row["step_tokens"]["p10"] <= row["step_tokens"]["median"]
+        assert row["step_tokens"]["median"] <= row["step_tokens"]["p90"]
+    ids = [i for s in runs["greedy"].steps for i in s]
+    assert sorted(ids) == list(range(len(epoch)))  # fixed steps: every sample once
+
+
+def test_data_order_steps_keep_order_and_size():
+    epoch = EPOCHS["2d-balanced"]
+    steps = data_order_steps(epoch, 2 * MILLION)
+    assert [i for s in steps for i in s] == list(range(len(epoch)))
+    tok = epoch.tokens_by_id
+    assert all(sum(tok[i] for i in s[:-1]) < 2 * MILLION for s in steps)
+
+
+ROW_KEYS = {
+    "workload", "method", "family", "planner", "drop_last", "step_former", "target_tokens",
+    "num_steps", "trained_tokens", "dropped_tokens", "dropped_share", "epoch_time_s",
+    "tokens_per_s", "step_tokens", "step_time_s", "planning_s", "planning_ms_per_step",
+    "bound_s", "gap_to_bound", "speedup_vs_bucket", "speedup_vs_pac",
+}  # fmt: skip
+
+
+def test_cli_quick_json(tmp_path):
+    out = tmp_path / "s.json"
+    rc = main(
+        ["bench", "--stream", "--quick", "--workloads", "1d-long", "--no-progress",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == STREAM_SCHEMA
+    assert set(doc) >= {"config", "epochs", "methods", "matched", "fidelity", "notes"}
+    assert doc["config"]["num_batches"] == QUICK["num_batches"]
+    names = {r["method"] for r in doc["methods"]}
+    assert set(PUBLISHED_METHODS) | {f"{m}/nodrop" for m in PUBLISHED_METHODS} <= names
+    assert "greedy@2M" in names
+    for r in doc["methods"]:
+        assert set(r) == ROW_KEYS
+        assert r["trained_tokens"] + r["dropped_tokens"] == doc["epochs"][0]["num_tokens"]
+        if not r["drop_last"]:
+            assert r["dropped_tokens"] == 0
+    bucket = next(r for r in doc["methods"] if r["method"] == "bucket")
+    assert bucket["speedup_vs_bucket"] == pytest.approx(1.0)
+
+
+def test_config_errors_name_the_field(capsys):
+    with pytest.raises(DcpOptError, match="workload"):
+        StreamConfig(workloads=("3d-short",))
+    with pytest.raises(DcpOptError, match="published"):
+        StreamConfig(published=("dcp_magic",))
+    assert main(["bench", "--stream", "--step-sizes", "two", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step-sizes" in err[0]
+
+
+def test_run_stream_reports_every_workload():
+    doc = run_stream(
+        StreamConfig(workloads=("1d-long",), num_batches=4, step_sizes=(MILLION,),
+                     planners=("greedy",), published=("bucket", "dcp_inter_pac"), nodrop=False)
+    )  # fmt: skip
+    assert [e["workload"] for e in doc["epochs"]] == ["1d-long"]
+    assert {r["method"] for r in doc["methods"]} >= {"bucket", "dcp_inter_pac", "greedy@1M"}
