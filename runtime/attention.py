@@ -20,49 +20,101 @@ def segment_attention(
     segments: torch.Tensor,
     causal: bool = True,
     scale: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Block-diagonal attention over a packed stream. q, k, v: [T, H, Dh]; segments: [T]
     (one id per packed sequence, padding has its own id). Sequences are contiguous in the
     stream, so causality inside a segment is causality by stream index. `scale`: the softmax
     scale (None: 1/sqrt(Dh), SDPA's default).
 
-    Computed one segment at a time: cost sum s^2 rather than (sum s)^2, which is what the cost
-    model assumes of a packed micro-batch (as FlashAttention's varlen kernels do; Dao 2023,
-    sec. 3.1), and unmasked 4-D inputs select PyTorch's fused kernel. Non-contiguous segment
-    ids fall back to one masked call over the whole stream (same result)."""
+    The options transformers' attention functions take (integrations/sdpa_attention.py,
+    models/gemma2 and gpt_oss eager_attention_forward), each applied exactly:
+    - `window` (causal only): a query sees the `window` most recent keys of its own sequence,
+      itself included: key j is visible from query i iff i - window < j <= i, as
+      transformers.masking_utils.sliding_window_overlay (`kv_idx > q_idx - sliding_window`).
+    - `softcap`: scores become softcap * tanh(scores / softcap) before the mask (Gemma 2).
+    - `sinks`: [H] per-head logits of a virtual key with a zero value that joins every
+      softmax and is then dropped (gpt-oss `s_aux`).
+
+    Computed one segment at a time: cost sum s^2 (s * window with a window) rather than
+    (sum s)^2, which is what the cost model assumes of a packed micro-batch (as
+    FlashAttention's varlen kernels do; Dao 2023, sec. 3.1), and unmasked 4-D inputs select
+    PyTorch's fused kernel. Softcap and sinks take an explicit float softmax in the inputs'
+    dtype (no fused CPU kernel has them). Non-contiguous segment ids fall back to one masked
+    call over the whole stream (same result)."""
     t = q.shape[0]
     if segments.shape[0] != t:
         raise ValueError(f"segments: length {segments.shape[0]} must equal sequence length {t}")
+    if window is not None and (not causal or window < 1):
+        raise ValueError(f"window: {window} not allowed; allowed: an integer >= 1, causal only")
+    opts = {"causal": causal, "scale": scale, "window": window, "softcap": softcap, "sinks": sinks}
     ids, counts = torch.unique_consecutive(segments, return_counts=True)
     if ids.numel() != torch.unique(ids).numel():
-        return _masked_segment_attention(q, k, v, segments=segments, causal=causal, scale=scale)
+        return _masked_segment_attention(q, k, v, segments=segments, **opts)
+    sizes = counts.tolist()
     outs = [
-        F.scaled_dot_product_attention(
-            qs.transpose(0, 1)[None],
-            ks.transpose(0, 1)[None],
-            vs.transpose(0, 1)[None],
-            is_causal=causal,
-            scale=scale,
-        )[0].transpose(0, 1)
-        for qs, ks, vs in zip(
-            q.split(counts.tolist()),
-            k.split(counts.tolist()),
-            v.split(counts.tolist()),
-            strict=True,
-        )
+        _one_segment(qs, ks, vs, **opts)
+        for qs, ks, vs in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
     ]
     return torch.cat(outs)
 
 
-def _masked_segment_attention(q, k, v, *, segments, causal: bool, scale: float | None = None):
-    t = q.shape[0]
-    mask = segments[:, None] == segments[None, :]
+def _visible(pos_q, pos_k, same, *, causal: bool, window: int | None) -> torch.Tensor:
+    """[Tq, Tk] bool: which keys each query may attend to, from in-sequence positions."""
+    mask = same
     if causal:
-        mask = mask & torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
-    )
-    return out.transpose(0, 1)
+        mask = mask & (pos_k[None, :] <= pos_q[:, None])
+    if window is not None:
+        mask = mask & (pos_k[None, :] > pos_q[:, None] - window)
+    return mask
+
+
+def _one_segment(q, k, v, *, causal, scale, window, softcap, sinks):
+    """One sequence: [s, H, Dh] -> [s, H, Dh]."""
+    s = q.shape[0]
+    q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))
+    if softcap is None and sinks is None and (window is None or s <= window):
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        return out[0].transpose(0, 1)
+    pos = torch.arange(s, device=q.device)
+    same = torch.ones(s, s, dtype=torch.bool, device=q.device)
+    mask = _visible(pos, pos, same, causal=causal, window=window)
+    return _attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)[0].transpose(0, 1)
+
+
+def _attend(q4, k4, v4, mask, *, scale, softcap, sinks):
+    """[B, H, T, Dh] attention under a bool mask [T, T]; fused unless softcap or sinks."""
+    if softcap is None and sinks is None:
+        return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale)
+    scale = q4.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q4, k4.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # one extra column per head, dropped after the softmax
+        sink = sinks.to(scores.dtype).reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        probs = probs[..., :-1]
+    return torch.matmul(probs, v4)
+
+
+def _masked_segment_attention(
+    q, k, v, *, segments, causal: bool, scale=None, window=None, softcap=None, sinks=None
+):
+    """The whole stream in one call, any segment layout; positions counted inside each
+    segment (so a window counts the segment's own keys only)."""
+    t = q.shape[0]
+    same = segments[:, None] == segments[None, :]
+    # position of each token among the earlier tokens of its own segment
+    pos = (same.tril().sum(dim=1) - 1) if window is not None else torch.arange(t, device=q.device)
+    mask = _visible(pos, pos, same, causal=causal, window=window)
+    q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))
+    out = _attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)
+    return out[0].transpose(0, 1)
 
 
 def dense_attention(

@@ -33,25 +33,35 @@ from torch.utils.checkpoint import checkpoint
 from dcp_opt.model import ulysses_kv_heads
 
 from .attention import segment_attention
+from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
+    Locator,
+    UnsupportedModelError,
+    check_supported,
+    find_layers,
+    locate,
+)
 from .parallelize import SPState
-from .sp import shard_bounds, ulysses_attention
+from .sp import pad_dim, shard_bounds, ulysses_attention
 from .tasks import LMTask, _token_weight
 
 ATTN_NAME = "dcp_ulysses"
 
 # attention module -> the SPState it reads (weak: a dropped model frees its entry).
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# decoder layer -> its forward before parallelize_hf wrapped it
+_ORIGINAL_FORWARD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _local_attention(q, k, v, *, segments, scaling: float):
-    """Causal attention inside each segment of a packed stream. q: [T, H', Dh], k, v:
+def _local_attention(q, k, v, *, segments, scaling: float, **options):
+    """Causal attention inside each segment of a packed stream (options: window, softcap,
+    sinks of runtime.attention.segment_attention). q: [T, H', Dh], k, v:
     [T, H'/g, Dh] (g > 1 under grouped-query attention: each kv head serves g consecutive
     query heads). One kernel call per segment (cost sum s^2, as the cost model assumes), the
     same kernel as the runtime's own models."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return segment_attention(q, k, v, segments=segments, causal=True, scale=scaling)
+    return segment_attention(q, k, v, segments=segments, causal=True, scale=scaling, **options)
 
 
 def _kv_for_ulysses(x: torch.Tensor, num_heads: int, degree: int) -> torch.Tensor:
@@ -62,19 +72,40 @@ def _kv_for_ulysses(x: torch.Tensor, num_heads: int, degree: int) -> torch.Tenso
     return x.repeat_interleave(sent // x.shape[0], dim=0).transpose(0, 1)
 
 
-def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dropout=0.0, **_):
+# kwargs that carry nothing for attention over an already rotated packed stream: positions
+# are in q and k (RoPE ran before the call); "dcp_ulysses" returns no attention weights.
+_IGNORED_KWARGS = frozenset({"position_ids", "output_attentions", "use_cache", "cache_position"})
+
+
+def dcp_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    *,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    softcap=None,
+    s_aux=None,
+    is_causal=None,
+    **kwargs,
+):
     """transformers attention function: query [1, H, T_local, Dh], key/value
-    [1, H_kv, T_local, Dh] (this rank's contiguous shard); returns ([1, T_local, H, Dh], None)."""
+    [1, H_kv, T_local, Dh] (this rank's contiguous shard); returns ([1, T_local, H, Dh], None).
+
+    Every kwarg is honoured or refused, never dropped: `scaling`, `sliding_window` (this
+    layer's own window, transformers' definition: a query sees `sliding_window` keys, itself
+    included), `softcap` (Gemma 2) and `s_aux` (gpt-oss attention sinks) go to the kernel;
+    dropout, non-causal calls, a mask, and any kwarg not known here raise. parallelize_hf
+    refuses such models before the first step; these raises are the last line."""
     state = _STATES.get(module)
     if state is None:
         raise RuntimeError(
             f"{ATTN_NAME}: module {type(module).__name__} was not prepared by parallelize_hf"
         )
-    if dropout:
-        # Ulysses would need dropout masks seeded per sequence, not per rank; not built.
-        raise ValueError(f"attention_dropout: {dropout} not supported by {ATTN_NAME}; allowed: 0")
-    if query.shape[0] != 1:
-        raise ValueError(f"batch size: {query.shape[0]} not allowed; allowed: 1 (packed stream)")
+    _check_call(query, attention_mask, dropout, is_causal, kwargs)
     heads, degree = query.shape[1], state.sp.degree
     q = query[0].transpose(0, 1)
     k, v = (_kv_for_ulysses(x[0], heads, degree) for x in (key, value))
@@ -82,8 +113,54 @@ def dcp_attention(module, query, key, value, attention_mask, *, scaling=None, dr
     if segments is None:  # plain single-sequence call (no executor): one segment
         segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long, device=q.device)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    out = ulysses_attention(q, k, v, state.sp, _local_attention, segments=segments, scaling=scale)
+    out = ulysses_attention(
+        q,
+        k,
+        v,
+        state.sp,
+        _local_attention,
+        segments=segments,
+        scaling=scale,
+        window=sliding_window,
+        softcap=softcap,
+        sinks=None if s_aux is None else _member_heads(s_aux, heads, state.sp),
+    )
     return out[None], None
+
+
+def _check_call(query, attention_mask, dropout, is_causal, kwargs) -> None:
+    if dropout:
+        # Ulysses would need dropout masks seeded per sequence, not per rank; not built.
+        raise ValueError(f"attention_dropout: {dropout} not supported by {ATTN_NAME}; allowed: 0")
+    if is_causal is False:
+        raise ValueError(f"is_causal: False not supported by {ATTN_NAME}; allowed: True")
+    if attention_mask is not None:
+        raise ValueError(
+            f"attention_mask: not supported by {ATTN_NAME} (the packed layout comes from "
+            "SPState.segments); allowed: None"
+        )
+    extra = sorted(
+        k
+        for k, v in kwargs.items()
+        if k not in _IGNORED_KWARGS and v is not None and v is not False
+    )
+    if extra:
+        raise ValueError(
+            f"{ATTN_NAME}: attention kwargs {extra} are not honoured; allowed: scaling, "
+            f"dropout=0, sliding_window, softcap, s_aux, is_causal=True, {sorted(_IGNORED_KWARGS)}"
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"batch size: {query.shape[0]} not allowed; allowed: 1 (packed stream)")
+
+
+def _member_heads(per_head: torch.Tensor, heads: int, sp) -> torch.Tensor:
+    """The entries of a per-head tensor [H] for the heads this Ulysses member attends over:
+    heads padded to a multiple of d, member j takes [j H'/d, (j+1) H'/d) (runtime/sp.py)."""
+    if sp.degree == 1:
+        return per_head
+    per = -(-heads // sp.degree)
+    padded = pad_dim(per_head, 0, per * sp.degree)
+    return padded[sp.rank * per : (sp.rank + 1) * per]
 
 
 def register_attention() -> None:
@@ -94,38 +171,38 @@ def register_attention() -> None:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a transformers causal LM (`model.model.layers`)."""
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ValueError(
-            f"model: {type(model).__name__} has no `model.layers` list of decoder layers; "
-            "allowed: a transformers decoder-only causal LM (e.g. LlamaForCausalLM)"
-        )
-    return layers
+    """The decoder layers of a transformers causal LM (`<base model>.layers`)."""
+    find_layers(model)  # the same refusal as parallelize_hf for other layouts
+    base = getattr(model, "base_model", None) or getattr(model, "model", model)
+    return base.layers
 
 
-def parallelize_hf(model: nn.Module, state: SPState) -> nn.Module:
+def parallelize_hf(model: nn.Module, state: SPState, *, locator: Locator | None = None):
     """Make a transformers causal LM run under `state` in place, and return it: register and
     select the "dcp_ulysses" attention, and give each decoder layer per-micro-batch recompute
-    (the first `state.recompute_layers` layers). Parameters and their names are unchanged."""
+    (the first `state.recompute_layers` layers). Parameters and their names are unchanged.
+
+    `locator(model)` -> [(decoder layer, attention module)], for layouts find_layers does not
+    know. Transactional: everything is checked first (runtime/hf_layers.check_supported), and
+    a refused model (UnsupportedModelError, a ValueError) is left exactly as it was."""
+    pairs = locate(model, locator)
+    check_supported(model, pairs)
     register_attention()
-    model.config._attn_implementation = ATTN_NAME
+    # -- nothing below raises: from here on the model changes --
     for sub in model.modules():
         cfg = getattr(sub, "config", None)
-        if cfg is not None and cfg is not model.config:  # sub-configs of composite models
+        if cfg is not None:  # the model's config and sub-configs of composite models
             cfg._attn_implementation = ATTN_NAME
-    for index, layer in enumerate(decoder_layers(model)):
-        attn = getattr(layer, "self_attn", None)
-        if attn is None:
-            raise ValueError(f"model.layers[{index}]: no `self_attn`; allowed: decoder layers")
+    model.config._attn_implementation = ATTN_NAME
+    for index, (layer, attn) in enumerate(pairs):
         _STATES[attn] = state
         _checkpoint_layer(layer, index, state)
     return model
 
 
 def _checkpoint_layer(layer: nn.Module, index: int, state: SPState) -> None:
-    inner = layer.forward
+    # the layer's own forward, also when parallelize_hf runs twice on one model
+    inner = _ORIGINAL_FORWARD.setdefault(layer, layer.forward)
 
     def forward(*args, **kwargs):
         if index < state.recompute_layers and torch.is_grad_enabled():

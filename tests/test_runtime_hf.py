@@ -1,6 +1,7 @@
 """An unmodified transformers `LlamaForCausalLM` under DCP plans (runtime/hf.py): gloo ranks in
 float64 give the loss and summed gradient of single-process training of the same model on the
-same batch (each sequence alone, transformers' own "sdpa" attention) to rel. err <= 1e-9.
+same batch (each sequence alone, transformers' own "sdpa" attention, per-token cross-entropy
+computed here and tests/reference.objective) to rel. err <= 1e-9.
 
 One pool of worker processes per world size runs every plan of that world in one job (the
 reference is computed on each worker too, so only error figures travel back).
@@ -13,19 +14,22 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 from dcp_opt.runtime import SPState, execute_step
 from dcp_opt.runtime.hf import (
     ATTN_NAME,
     HFCausalLMTask,
+    UnsupportedModelError,
     llama_spec,
     parallelize_hf,
     tiny_llama,
 )
-from dcp_opt.runtime.testing import DistWorkers, flat_grads, max_relative_error, reference_step
+from dcp_opt.runtime.testing import DistWorkers, flat_grads, max_relative_error
 from dcp_opt.solvers import available_planners, run_planner
 
 from dcp_opt import Batch, Cluster, CostModel, make_plan, validate
 from dcp_opt.plan import Group, MicroBatch, Plan
+from tests.reference import objective
 
 TOL = 1e-9
 LENGTHS = [3, 20, 7, 12, 5, 9, 2, 16]
@@ -51,6 +55,17 @@ def make_data(batch: Batch, seed: int = 11) -> dict:
     return {s.id: torch.randint(128, (s.shape[0] + 1,), generator=g) for s in batch.sequences}
 
 
+def reference_loss(model, data: dict, kind: str) -> torch.Tensor:
+    """Single-process objective: each sequence alone through the model's own attention,
+    per-token cross-entropy, tests/reference.objective (not the runtime's weighting)."""
+    losses = []
+    for _, seq in sorted(data.items()):
+        n = seq.shape[0] - 1
+        out = model(input_ids=seq[None, :-1], position_ids=torch.arange(n)[None], use_cache=False)
+        losses.append(F.cross_entropy(out.logits[0], seq[1:], reduction="none"))
+    return objective(losses, kind)
+
+
 def job_plans(ctx, model_key: str, batch_dict: dict, plan_jsons: list[str], step: int):
     """On every rank: the reference once, then one executor step per plan, each on a fresh
     copy of the same model; returns [(loss error, gradient error)] per plan."""
@@ -61,14 +76,9 @@ def job_plans(ctx, model_key: str, batch_dict: dict, plan_jsons: list[str], step
     for text in plan_jsons:
         plan = Plan.from_json(text)
         ref = fresh(model_key)
-        want_loss = reference_step(
-            task,
-            ref,
-            sorted(data.items()),
-            step=step,
-            kind=plan.normalizer_kind,
-            normalizer=plan.loss_normalizer,
-        )
+        ref_loss = reference_loss(ref, data, plan.normalizer_kind)
+        ref_loss.backward()
+        want_loss = float(ref_loss.detach())
         model = fresh(model_key)
         state = SPState()
         parallelize_hf(model, state)
@@ -231,21 +241,124 @@ def test_parallelize_hf_keeps_model_unmodified():
     data = make_data(Batch.from_lengths([4, 6]))
     task = HFCausalLMTask()
     with torch.no_grad():
-        want = float(
-            sum(task.reference_loss(plain, i, s, step=0, kind="tokens") for i, s in data.items())
-        )
-    got = float(task.run(model, sorted(data.items()), state, step=0, kind="tokens", scale=1.0))
+        want = float(reference_loss(plain, data, "tokens"))
+    got = float(task.run(model, sorted(data.items()), state, step=0, kind="tokens", scale=0.1))
     assert abs(got - want) <= TOL * abs(want)
 
 
-def test_hf_attention_rejects_dropout():
+def _snapshot(model, probe: torch.Tensor) -> dict:
+    """What a refusal must leave alone: the config (with its attention implementation),
+    every module's own attributes (forward methods included) and parameters, and the output
+    of an ordinary forward."""
+    with torch.no_grad():
+        logits = model(input_ids=probe[None], use_cache=False).logits.clone()
+    return {
+        "config": model.config.to_dict(),
+        "attn": model.config._attn_implementation,
+        "modules": [(n, type(m), dict(vars(m))) for n, m in model.named_modules()],
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "logits": logits,
+    }
+
+
+def _assert_same(before: dict, after: dict) -> None:
+    assert after["config"] == before["config"]
+    assert after["attn"] == before["attn"]
+    for (n0, t0, d0), (n1, t1, d1) in zip(before["modules"], after["modules"], strict=True):
+        assert (n0, t0) == (n1, t1)
+        assert d0.keys() == d1.keys(), n0  # e.g. no instance `forward` left behind
+        for key in d0:
+            if key not in ("_parameters", "_buffers", "_modules"):
+                assert d1[key] is d0[key] or d1[key] == d0[key], (n0, key)
+    assert before["state"].keys() == after["state"].keys()
+    assert all(torch.equal(before["state"][k], after["state"][k]) for k in before["state"])
+    assert torch.equal(before["logits"], after["logits"])
+
+
+def _moe_with_aux_loss():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    cfg = Qwen2MoeConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, output_router_logits=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2MoeForCausalLM._from_config(cfg, experts_implementation="eager")
+    return model.to(torch.float64)
+
+
+def _with_dropout():
     model = fresh("mha")
     model.config.attention_dropout = 0.1
-    for layer in model.model.layers:
-        layer.self_attn.attention_dropout = 0.1
-    state = SPState()
-    parallelize_hf(model, state)
-    model.train()
-    sample = torch.arange(5)
-    with pytest.raises(ValueError, match="attention_dropout"):
-        HFCausalLMTask().run(model, [(0, sample)], state, step=0, kind="tokens", scale=1.0)
+    model.model.layers[1].self_attn.attention_dropout = 0.1  # checked after layer 0
+    return model
+
+
+def _bad_locator(model):
+    return [(layer, layer.self_attn) for layer in model.model.layers] + [(model, "x")]
+
+
+REFUSALS = {
+    # model, locator, what the error names
+    "attention_dropout": (_with_dropout, None, "config.attention_dropout: 0.1"),
+    "router aux loss": (_moe_with_aux_loss, None, "config.output_router_logits: True"),
+    "bad locator": (lambda: fresh("mha"), _bad_locator, "locator"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refused_model_is_unchanged(case):
+    """parallelize_hf checks everything before it changes anything: after a refusal the
+    config, every module and an ordinary forward are exactly as before."""
+    build, locator, message = REFUSALS[case]
+    model = build().eval()  # eval: no dropout in the probe forward (refused in either mode)
+    probe = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    before = _snapshot(model, probe)
+    with pytest.raises(UnsupportedModelError, match=message):
+        parallelize_hf(model, SPState(), locator=locator)
+    _assert_same(before, _snapshot(model, probe))
+
+
+def test_locator_names_the_layers():
+    """A user locator replaces find_layers; one that leaves an attention module out is
+    refused (that module would switch to "dcp_ulysses" unprepared)."""
+    model, state = fresh("mha"), SPState()
+    pairs = [(layer, layer.self_attn) for layer in model.model.layers]
+    parallelize_hf(model, state, locator=lambda m: pairs)
+    data = make_data(Batch.from_lengths([5]))
+    with torch.no_grad():
+        want = float(reference_loss(fresh("mha"), data, "tokens"))
+    task = HFCausalLMTask()
+    got = float(task.run(model, sorted(data.items()), state, step=0, kind="tokens", scale=0.2))
+    assert abs(got - want) <= TOL * abs(want)
+    other = fresh("mha")
+    first = (other.model.layers[0], other.model.layers[0].self_attn)
+    with pytest.raises(UnsupportedModelError, match=r"model\.model\.layers\.1\.self_attn"):
+        parallelize_hf(other, SPState(), locator=lambda m: [first])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dropout": 0.1}, "attention_dropout"),
+        ({"is_causal": False}, "is_causal"),
+        ({"position_bias": torch.zeros(1)}, "position_bias"),
+        ({"some_future_kwarg": 3}, "some_future_kwarg"),
+    ],
+)
+def test_dcp_attention_refuses_what_it_cannot_honour(kwargs, message):
+    """The last line behind parallelize_hf's checks: a kwarg it cannot honour raises, none is
+    dropped (position_ids, output_attentions and False flags carry nothing and pass)."""
+    from dcp_opt.runtime.hf import dcp_attention
+
+    model = fresh("mha")
+    parallelize_hf(model, SPState())
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 6, 16, dtype=torch.float64)
+    out, _ = dcp_attention(attn, q, q, q, None, position_ids=torch.arange(6), use_cache=False)
+    assert out.shape == (1, 6, 4, 16)
+    with pytest.raises(ValueError, match=message):
+        dcp_attention(attn, q, q, q, None, **kwargs)
+    with pytest.raises(ValueError, match="attention_mask"):
+        dcp_attention(attn, q, q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool))
