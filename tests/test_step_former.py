@@ -158,3 +158,8 @@ def test_former_keeps_bounds_and_the_bound_holds(case):
     assert movable <= fixed * (1 + REL)
     assert fixed <= greedy_epoch(stream, data, cost) * (1 + REL)
     assert movable <= former * (1 + REL)
+    # the former's own steps: their fixed bound holds, and the movable bound is the same as
+    # data order's (it depends on the sequences and the step count, not on the assignment)
+    assert stream_lower_bound(batches(stream, steps), cost, lp_time_limit_s=0) <= former * (1 + REL)
+    again = stream_lower_bound(batches(stream, steps), cost, max_shift=max(k, 1))
+    assert again == pytest.approx(movable, rel=1e-9)
