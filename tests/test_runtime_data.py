@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from dcp_opt.runtime.data import DcpLoader, PlannedBatch, form_batches, local_ids
+from dcp_opt.runtime.data import (
+    DcpBatchSampler,
+    DcpLoader,
+    PlannedBatch,
+    collate_samples,
+    form_batches,
+    local_ids,
+)
 from dcp_opt.runtime.testing import DistWorkers
 
 from dcp_opt import Batch, Cluster, CostModel, DcpOptError, ModelSpec, make_plan
@@ -297,3 +304,132 @@ def test_deterministic_agreement_asks_cpsat_for_its_deterministic_mode():
     det = DcpLoader([0], [3], cost_for(1), agree="deterministic", **kw)
     assert det.sampler.planner_options == {"deterministic": True}
     assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).sampler.planner_options == {}
+
+
+# ---- torch DataLoader workers ----------------------------------------------------------------
+class LoggingDataset(torch.utils.data.Dataset):
+    """Token sequences; every read appends 'pid index' to a file (DataLoader workers are other
+    processes, so a list in memory would not see their reads)."""
+
+    def __init__(self, lengths, log_path):
+        self.lengths, self.log_path = list(lengths), str(log_path)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        with open(self.log_path, "a") as f:
+            f.write(f"{os.getpid()} {i}\n")
+        return (3 * i + torch.arange(self.lengths[i] + 1)) % 32
+
+
+def train_epochs(ctx, batches, epochs: int):
+    """Two epochs of TinyLM steps over `batches` (an iterable factory of PlannedBatch per
+    epoch); per step the plan hash, this rank's sample ids and the summed gradients."""
+    from dcp_opt.runtime import LMTask, SPState, execute_step, parallelize
+
+    from tests.test_runtime_equiv import make_model
+
+    state = SPState()
+    model = parallelize(make_model("1d", 0), state)
+    out = []
+    for epoch in range(epochs):
+        for b in batches(epoch):
+            model.zero_grad(set_to_none=True)
+            execute_step(
+                b.plan, LMTask(), model, b.samples, pool=ctx.pool, state=state, step=len(out)
+            )
+            grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            out.append((b.plan.content_hash(), sorted(b.samples), grads))
+    return out
+
+
+def job_dataloader(ctx, log_dir: str):
+    """The same 2 epochs through DataLoader(num_workers=2) and through DcpLoader; the reads of
+    this rank's workers; the state mid-epoch under prefetching, and a resume from it."""
+    import multiprocessing
+
+    from dcp_opt.runtime.data import DcpBatchSampler, collate_samples
+    from torch.utils.data import DataLoader
+
+    # DistWorkers ranks are daemons (which may not have children) started by a forkserver
+    # (whose children start workers by forkserver too, importing torch again: ~5 s each);
+    # a torchrun rank is neither, and forks its workers.
+    multiprocessing.current_process().daemon = False
+    fork = {"multiprocessing_context": "fork"}
+    log = Path(log_dir) / f"rank{ctx.rank}.log"
+    kw = dict(batch_size=5, seed=3, planner="greedy")
+    sampler = DcpBatchSampler(LENGTHS, cost_for(ctx.world_size), **kw)
+    loader = DataLoader(
+        LoggingDataset(LENGTHS, log), batch_sampler=sampler, collate_fn=collate_samples,
+        num_workers=2, pin_memory=True, persistent_workers=True, **fork,
+    )  # fmt: skip
+
+    def with_workers(epoch):
+        sampler.set_epoch(epoch)
+        return sampler.planned(loader)
+
+    got = train_epochs(ctx, with_workers, 2)
+    reads = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
+    inproc = DcpLoader(
+        LoggingDataset(LENGTHS, f"{log}.inproc"), LENGTHS, cost_for(ctx.world_size), **kw
+    )
+
+    def in_process(epoch):
+        inproc.set_epoch(epoch)
+        return inproc
+
+    want = train_epochs(ctx, in_process, 2)
+    # Mid-epoch state under prefetching (2 workers x 2 batches ahead), then a resume.
+    sampler.set_epoch(2)
+    it = sampler.planned(loader)
+    first = next(it)
+    state = sampler.state_dict()
+    it.close()
+    again = DcpBatchSampler(LENGTHS, cost_for(ctx.world_size), **kw)
+    again.load_state_dict(state)
+    rest = DataLoader(LoggingDataset(LENGTHS, log), batch_sampler=again,
+                      collate_fn=collate_samples, num_workers=2, **fork)  # fmt: skip
+    resumed = [first.step] + [b.step for b in again.planned(rest)]
+    return got, want, reads, state, resumed, len(sampler.batches())
+
+
+@pytest.mark.dist
+def test_dataloader_workers_read_only_this_ranks_samples(workers, tmp_path):
+    ranks = workers.run(job_dataloader, str(tmp_path))
+    for got, want, reads, state, resumed, num_batches in ranks:
+        # The same plans, samples and gradients as the in-process loader, bitwise.
+        assert len(got) == len(want) == 6  # 13 samples in batches of 5: 3 per epoch, 2 epochs
+        for (h, ids, g), (h2, ids2, g2) in zip(got, want, strict=True):
+            assert (h, ids) == (h2, ids2)
+            assert torch.equal(g, g2)
+        # Reads happened in worker processes, and only of this rank's sample ids.
+        first_two_epochs = reads[: sum(len(ids) for _, ids, _ in got)]
+        assert os.getpid() not in {pid for pid, _ in first_two_epochs}
+        assert len({pid for pid, _ in first_two_epochs}) == 2  # both workers loaded
+        assert sorted(i for _, i in first_two_epochs) == sorted(i for _, ids, _ in got for i in ids)
+        assert len(first_two_epochs) < 2 * len(LENGTHS)  # not every sample: the rank's share
+        # State counts batches handed to the loop (1), not those prefetched by the workers.
+        assert state["batches_done"] == 1 and state["epoch"] == 2
+        assert resumed == list(range(num_batches))  # resumed at batch 1: nothing lost or repeated
+    assert ranks[0][3] == ranks[1][3]  # the state is the same on every rank
+
+
+def test_sampler_state_follows_the_statefuldataloader_conventions():
+    kw = dict(batch_size=3, seed=1, planner="greedy", rank=0, world_size=1)
+    s = DcpBatchSampler(LENGTHS, cost_for(1, fit_tokens=64), **kw)
+    loader = torch.utils.data.DataLoader(CountingDataset(LENGTHS), batch_sampler=s,
+                                         collate_fn=collate_samples)  # fmt: skip
+    full = [b.step for b in s.planned(loader)]
+    assert full == list(range(5)) and s.state_dict()["batches_done"] == 5
+    done = s.state_dict()  # saved at the end of the epoch: the next pass resumes with nothing
+    t = DcpBatchSampler(LENGTHS, cost_for(1, fit_tokens=64), **{**kw, "seed": 9})
+    t.load_state_dict(done)
+    assert t.seed == 1 and len(t) == 0 and list(t) == []
+    t.set_epoch(1)  # a new epoch starts at its first batch
+    assert len(t) == 5 and t.state_dict()["batches_done"] == 0
+    # A collate_fn that stacks is refused with the fix named.
+    bad = torch.utils.data.DataLoader(CountingDataset(LENGTHS), batch_sampler=t,
+                                      collate_fn=lambda xs: len(xs))  # fmt: skip
+    with pytest.raises(DcpOptError, match="collate_fn: gave int"):
+        next(t.planned(bad))
