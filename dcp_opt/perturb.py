@@ -102,35 +102,44 @@ def perturb(base: CostModel, **knobs: float) -> CostModel:
         # of the block's axis; the s term sums to the block's tokens
         return replace(t, quad=t.quad * a, lin=t.lin + t.quad * a * half)
 
-    blocks = {n: BlockCoeffs(term(b.fwd), term(b.bwd)) for n, b in co.blocks.items()}
-    reserved = get("reserved_gb")
-    coeffs = replace(
-        co,
-        blocks=blocks,
-        microbatch_overhead_s=co.microbatch_overhead_s * get("microbatch_scale", 1.0),
-        act_bytes_per_token_layer=co.act_bytes_per_token_layer * get("act_scale", 1.0),
-        reserved_bytes=co.reserved_bytes if reserved is None else reserved * GB,
-    )
+    # only the fields a knob moves: an untouched integer stays one (the fingerprint's JSON
+    # writes 3 and 3.0 differently)
+    changes: dict = {}
+    if "attn_scale" in knobs or "attn_half_len" in knobs:
+        changes["blocks"] = {n: BlockCoeffs(term(b.fwd), term(b.bwd)) for n, b in co.blocks.items()}
+    if "microbatch_scale" in knobs:
+        changes["microbatch_overhead_s"] = co.microbatch_overhead_s * knobs["microbatch_scale"]
+    if "act_scale" in knobs:
+        changes["act_bytes_per_token_layer"] = co.act_bytes_per_token_layer * knobs["act_scale"]
+    if "reserved_gb" in knobs:
+        changes["reserved_bytes"] = knobs["reserved_gb"] * GB
+    coeffs = replace(co, **changes) if changes else co
     c = base.cluster
-    bw, lat = get("bw_scale", 1.0), get("latency_scale", 1.0)
-    cluster = c.with_(
-        intra_node_bw=c.intra_node_bw * bw,
-        inter_node_bw=c.inter_node_bw * bw,
-        intra_node_latency_s=c.intra_node_latency_s * lat,
-        inter_node_latency_s=c.inter_node_latency_s * lat,
-    )
+    cluster = c
+    if "bw_scale" in knobs or "latency_scale" in knobs:
+        bw, lat = get("bw_scale", 1.0), get("latency_scale", 1.0)
+        cluster = c.with_(
+            intra_node_bw=c.intra_node_bw * bw,
+            inter_node_bw=c.inter_node_bw * bw,
+            intra_node_latency_s=c.intra_node_latency_s * lat,
+            inter_node_latency_s=c.inter_node_latency_s * lat,
+        )
     over = dict(base.sp_compute_overhead)
     step, per = get("sp_step", 0.0), get("sp_per_doubling", 0.0)
     if step or per:
         for d in cluster.allowed_degrees:
             if d > 1:
                 over[d] = over.get(d, 0.0) + step + per * math.log2(d)
+    knob_changes = {
+        k: getattr(base, k) + knobs[k]
+        for k in ("replicated_seq_s", "step_overhead_s")
+        if knobs.get(k)
+    }
     return base.with_(
         coeffs=coeffs,
         cluster=cluster,
-        sp_compute_overhead=tuple(sorted(over.items())),
-        replicated_seq_s=base.replicated_seq_s + get("replicated_seq_s", 0.0),
-        step_overhead_s=base.step_overhead_s + get("step_overhead_s", 0.0),
+        sp_compute_overhead=tuple(sorted((d, x) for d, x in over.items() if x)),
+        **knob_changes,
     )
 
 

@@ -1,5 +1,6 @@
 """The nightly property run (issue 7): every property of tests/test_properties.py and
-tests/test_fuzz.py (and the step former's, tests/test_step_former.py) under
+tests/test_fuzz.py (and the step former's, tests/test_step_former.py, and the perturbed cost
+models' of tests/test_robust.py) under
 HYPOTHESIS_PROFILE=nightly (10,000 examples each), one pytest process
 per property so a failure names its property and the runs share the cores.
 
@@ -31,6 +32,8 @@ FILES = (
     "tests/test_properties.py",
     "tests/test_fuzz.py",
     "tests/test_step_former.py::test_former_keeps_bounds_and_the_bound_holds",
+    "tests/test_robust.py::test_perturbed_plan_is_valid_and_at_least_the_bound",
+    "tests/test_robust.py::test_never_slower_than_a_simple_rule",
 )
 
 

@@ -441,7 +441,7 @@ def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draf
 
 def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     """The candidate `how` (a Draft.how) on another instance."""
-    if how[0] in ("fit-smallest", "long-smallest", "long-first"):
+    if how[0] in ("fit-smallest", "long-smallest", "long-first", "longest-first"):
         rule = next((r for r in rules(inst, cluster) if r[0] == how), None)
         return None if rule is None else rule_draft(inst, cluster, rule[2]())
     if how[0] == "uniform":

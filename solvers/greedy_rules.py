@@ -12,7 +12,9 @@ sequence fits at (the "base" degree), with T the analytic bound's finish:
 - long-smallest(j): sequences that do not fit at j or take longer than T there go to the
   smallest degree that finishes them within T; the rest at j, groups as above;
 - long-first(j): the same long sequences run first, one after another on the widest group
-  (phase 0, as CP-SAT's model has it), then every rank re-forms into degree-j groups.
+  (phase 0, as CP-SAT's model has it), then every rank re-forms into degree-j groups;
+- longest-first(m), m = 1..4: the m longest sequences first on the widest group, then the
+  greedy's own degrees and layout for the rest within what is left of T.
 Each is assigned longest first with the greedy's packing; a sequence whose preferred group
 would finish after T goes to the group that finishes it first (greedy.assign).
 A rule runs unless its lower bound (the packed work of its groups' degrees over the ranks,
@@ -28,26 +30,31 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .greedy_steps import Instance, place
+from .greedy_steps import Instance, layout, place, preferred_degrees
+
+TOP_FIRST = 4  # longest-first(m) for m = 1..TOP_FIRST
 
 
 def rules(inst: Instance, cluster) -> list[tuple[tuple, float, Callable[[], tuple]]]:
     """(how, lower bound, build) of every rule with a distinct preference; build() gives
     (phase0, base, pref, placed), made only for the rules that run. `pref` covers every
     sequence; long-first's phase-0 sequences have pref -1."""
-    t0 = inst.finish_lb
     t = inst.time
-    fits, minfit, smallest = inst.memo("rule_tables", lambda: _tables(inst))
+    fits, minfit, smallest, long_all = inst.memo("rule_tables", lambda: _tables(inst))
     dmax = len(inst.degrees) - 1
+    # per base degree, whether any sequence moves (one pass over the table, not one per j)
+    any_misfit, n_long = (~fits).any(axis=0).tolist(), long_all.sum(axis=0).tolist()
     out, seen = [], set()
     for j in np.flatnonzero(inst.usable).tolist():
+        if not n_long[j]:  # nothing moves: static(j), the uniform layout, covers it
+            continue
+        long = long_all[:, j]
         misfit = ~fits[:, j]
-        long = misfit | (t[:, j] > t0)
         for name, moved, to in (
-            ("fit-smallest", misfit, minfit),
+            ("fit-smallest", misfit if any_misfit[j] else None, minfit),
             ("long-smallest", long, smallest),
         ):
-            if not moved.any():  # every group of degree j: static(j), the uniform layout
+            if moved is None:
                 continue
             pref = np.where(moved, to, j)
             key = pref.tobytes()
@@ -55,18 +62,64 @@ def rules(inst: Instance, cluster) -> list[tuple[tuple, float, Callable[[], tupl
                 seen.add(key)
                 lb = _bound(inst, cluster, [j, *np.unique(to[moved]).tolist()])
                 out.append(((name, j), lb, _single(inst, cluster, pref, j)))
-        if long.any() and not long.all() and fits[long, dmax].all():
+        if n_long[j] < len(long) and fits[long, dmax].all():
             base = float(t[long, dmax].sum())
             lb = base + _bound(inst, cluster, [j], np.flatnonzero(~long))
             out.append((("long-first", j), lb, _long_first(inst, cluster, j, long, dmax, base)))
+    return out + _longest_first(inst, cluster, dmax)
+
+
+def _longest_first(inst: Instance, cluster, dmax: int) -> list:
+    """longest-first(m), m = 1..TOP_FIRST: the m sequences of longest fastest time one after
+    another on the widest group, then the rest laid out by the greedy's own steps 1-2 for
+    the time left to the bound (a group of the size it needs for the longest ones' peers)."""
+    t = inst.time
+    fastest = t.min(axis=1)  # every degree is usable by some sequence or inf for all
+    order = np.argsort(-fastest, kind="stable")
+    # the rest's bound (_bound over every degree) without a pass per m: the least packed
+    # work of each sequence, summed once, less the m taken out; the longest left is the m-th
+    work = _work_table(inst).min(axis=1)
+    total = float(work.sum())
+    homogeneous = cluster.homogeneous
+    out, base = [], 0.0
+    for m in range(1, min(TOP_FIRST, len(order) - 1) + 1):
+        i = order[m - 1]
+        base += float(t[i, dmax])
+        total -= float(work[i])
+        if not base < inst.finish_lb:  # also stops at a sequence that does not fit at dmax
+            break
+        rest = max(total / inst.num_gpus, float(fastest[order[m]])) if homogeneous else 0.0
+        top = np.zeros(len(order), dtype=bool)
+        top[order[:m]] = True
+        out.append((("longest-first", m), base + rest, _top_first(inst, cluster, top, dmax, base)))
     return out
 
 
+def _top_first(inst: Instance, cluster, top: np.ndarray, dmax: int, base: float):
+    def build():
+        from .greedy import _widest_start  # noqa: PLC0415 (greedy imports this module)
+
+        start = _widest_start(cluster, int(inst.degrees[dmax]))
+        bins = [([i], int(inst.r_min[i, dmax])) for i in np.flatnonzero(top).tolist()]
+        rest = max(inst.finish_lb - base, 1e-9)
+        items = np.flatnonzero(~top)
+        pref = preferred_degrees(inst, rest, inst.usable)
+        placed = place(layout(inst, items, pref, rest, inst.num_gpus), inst, cluster)
+        return [(start, dmax, bins)], base, np.where(top, -1, pref), placed
+
+    return build
+
+
 def _tables(inst: Instance):
-    """(fits (n, D), smallest degree each fits at, smallest that finishes within T)."""
+    """(fits (n, D), smallest degree each fits at, smallest that finishes within T, long
+    (n, D): does not fit at that degree or takes longer than T there)."""
     fits = np.isfinite(inst.time)
-    # the bound's finish is at least every sequence's fastest time: argmax finds a True
-    return fits, np.argmax(fits, axis=1), np.argmax(inst.time <= inst.finish_lb, axis=1)
+    within = inst.time <= inst.finish_lb
+    # the bound's finish is at least every sequence's fastest time, up to the rounding of
+    # (finish + sync) - sync: the fastest degree counts as within, so argmax finds a True
+    fastest = inst.time.min(axis=1)
+    smallest = np.argmax(within | (inst.time <= fastest[:, None]), axis=1)
+    return fits, np.argmax(fits, axis=1), smallest, ~within
 
 
 def _single(inst: Instance, cluster, pref: np.ndarray, j: int):
@@ -117,11 +170,36 @@ def _bound(inst: Instance, cluster, cols: list[int], items: np.ndarray | None = 
     may run at other speeds (the bound would not hold)."""
     if not cluster.homogeneous:
         return 0.0
-    work_t = inst.memo(
-        "rule_work",
-        lambda: np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees,
-    )
+    work_t = _work_table(inst)
     rows = slice(None) if items is None else items
     work = work_t[rows][:, cols].min(axis=1).sum()
     longest = inst.time[rows][:, cols].min(axis=1).max(initial=0.0)
     return float(max(work / inst.num_gpus, longest))
+
+
+def rule_plans(batch, cost) -> dict[str, list]:
+    """Every simple-rule layout of `batch` as phases (lists of Groups), none pruned: the
+    static degrees and every rule above, by name ("static-4", "long-first-1", ...). What
+    greedy and cpsat must never be slower than (tests/test_robust.py, bench_robust.py)."""
+    from .greedy import make_instance, rule_draft, to_phases, uniform_draft  # noqa: PLC0415
+
+    inst = make_instance(batch, cost)
+    deg = inst.degrees.tolist()
+    drafts = {f"static-{deg[j]}": uniform_draft(inst, cost.cluster, j) for j in range(len(deg))}
+    for (name, j), _, build in rules(inst, cost.cluster):
+        label = j if name == "longest-first" else deg[j]  # m sequences first, or a degree
+        drafts[f"{name}-{label}"] = rule_draft(inst, cost.cluster, build())
+    out = {}
+    for name, d in drafts.items():
+        phases = None if d is None else to_phases(d, inst, cost)
+        if phases is not None:
+            out[name] = phases
+    return out
+
+
+def _work_table(inst: Instance) -> np.ndarray:
+    """(n, D) packed GPU-work: time less every per-micro-batch constant, x degree."""
+    return inst.memo(
+        "rule_work",
+        lambda: np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees,
+    )

@@ -36,6 +36,7 @@ from dcp_opt import (
 )
 from dcp_opt.cluster import GB
 from dcp_opt.cost import SHARDING_MODES
+from dcp_opt.perturb import RANGES, perturb
 from tests.toy import toy_cost
 
 # (num_nodes, gpus_per_node): named shapes that must always be in the mix.
@@ -199,6 +200,26 @@ def with_headroom(cost: CostModel, headroom: float = 1.5) -> CostModel:
 def cost_models(max_gpus: int = 64, kind: str | None = None, mixed=None):
     toys = toy_costs(max_gpus) if kind in (None, "1d") else st.nothing()
     return st.one_of(flops_costs(max_gpus, kind, mixed), toys)
+
+
+@st.composite
+def perturbed_costs(draw, max_gpus: int = 64, kind: str | None = None, mixed=None) -> CostModel:
+    """A cost model of `cost_models()` moved by the knobs of dcp_opt.perturb (issue 19), each
+    on in two draws of three at a value within its range, then memory raised for headroom
+    again (a 16 GB reserve on a small toy cluster would leave no room otherwise)."""
+    base = draw(cost_models(max_gpus, kind, mixed))
+    knobs = {
+        k: draw(st.floats(lo, hi, allow_nan=False))
+        for k, (lo, hi, _) in RANGES.items()
+        if draw(ints(0, 2))
+    }
+    return with_headroom(perturb(base, **knobs), draw(st.sampled_from([1.05, 1.5, 3.0])))
+
+
+@st.composite
+def perturbed_instances(draw, max_gpus: int = 64, max_seqs: int = 24, kind=None, mixed=None):
+    cost = draw(perturbed_costs(max_gpus, kind, mixed))
+    return Instance(cost, draw(batches_for(cost, max_seqs)))
 
 
 # ---- batches -----------------------------------------------------------------------------
