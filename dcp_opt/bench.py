@@ -1,5 +1,14 @@
 """`dcp-opt bench`: every planner on every standard workload, over seeded batches.
 
+Framing: every method is judged on one fixed global batch (2M tokens by default) per
+optimizer step. For the VideoSys baselines (bucket, dcp_intra, dcp_inter, dcp_inter_pac) this
+is "the published profile forced into a fixed batch", not the published method: it changes the
+memory cap (0.9, published 0.7), drop_last (off, published on), PAC's minimum accumulation (2,
+published 15) and the step formation (the published sampler forms its own steps over an
+epoch, and none at all from one 2M-token batch). Their published form, and the project's
+planners at matched tokens per step, are in dcp_opt.stream (`dcp-opt bench --stream`);
+docs/baselines.md lists every deviation and its measured effect.
+
 For each workload (REFERENCE.md sec. 4; 2D workloads use `opensora-stdit3-xl`, 1D ones
 `llama-7b` unless told otherwise), each seed, and each planner, the bench plans the batch,
 checks the plan with validate() (independent of the planner), simulates it, and records the
@@ -14,6 +23,7 @@ analytic `lower_bound()` or any valid planner's own `lower_bound_s` (CP-SAT repo
 JSON written by `--json OUT` (`BENCH_SCHEMA` = "dcp-opt-bench/1"):
 
     schema                   "dcp-opt-bench/1"
+    framing                  what the figures are (one fixed batch per step; see above)
     config                   cluster, num_gpus, workloads, planners, num_batches, seeds,
                              models ({"1d": name, "2d": name}), tokens_per_gpu,
                              planner_options
@@ -53,6 +63,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .batch import Batch
+from .bench_display import ONE_BATCH_FRAMING
 from .bounds import lower_bound
 from .cluster import Cluster
 from .cost import CostModel
@@ -323,6 +334,7 @@ def run_bench(
     models = {k: c.model.name for k, c in costs.items()}
     return {
         "schema": BENCH_SCHEMA,
+        "framing": ONE_BATCH_FRAMING,
         "config": {**_config_dict(config, cluster, planners), "models": models},
         "skipped_planners": skipped,
         "total_wall_time_s": time.perf_counter() - started,

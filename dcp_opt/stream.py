@@ -217,11 +217,11 @@ def time_published_steps(epoch: Batch, cost: CostModel, groups_per_step) -> list
     return out
 
 
-def run_published(epoch, cost, method, *, seed, drop_last, memory_cap) -> EpochRun:
+def run_published(epoch, cost, method, *, seed, drop_last, memory_cap, **kw) -> EpochRun:
     from dcp_opt.solvers.videosys_stream import published_epoch
 
     pub = published_epoch(
-        epoch, cost, method, seed=seed, drop_last=drop_last, memory_cap=memory_cap
+        epoch, cost, method, seed=seed, drop_last=drop_last, memory_cap=memory_cap, **kw
     )
     steps = [[i for g in st for mb in g.micro_batches for i in mb.sequence_ids] for st in pub.steps]
     times = time_published_steps(epoch, cost, pub.steps)
@@ -326,11 +326,19 @@ def _targets(config: StreamConfig, rows: list[dict]) -> dict[int, str]:
 def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
     """The project's planners at every target size, without and with the step former."""
     out = []
+    if not config.planners:
+        return out
+    k, e = config.former_max_shift, config.former_tolerance
     for target, label in _targets(config, rows).items():
         data_steps = data_order_steps(epoch, target)
-        former = former_steps(epoch, cost, target, config.former_max_shift, config.former_tolerance)
-        if former is None and "step former" not in " ".join(notes):
-            notes.append("step former not built (solvers/step_former.py): +former rows absent")
+        try:
+            former = former_steps(epoch, cost, target, k, e)
+        except DcpOptError as err:  # the bounds (K, e) admit no steps: say so, run without
+            notes.append(f"{workload} @{label}: step former refused: {err}")
+            former = None
+        else:
+            if former is None and "step former" not in " ".join(notes):
+                notes.append("step former not built (solvers/step_former.py): no +former rows")
         for planner in config.planners:
             if planner == "cpsat" and target not in config.cpsat_sizes:
                 continue

@@ -52,6 +52,28 @@ PUBLISHED_MEMORY_CAP = 0.7  # train.py:499-504 (--alloc-memory-fraction default)
 MAX_GAS = 5  # dcp_inter.yaml and dcp_inter_ckpt.yaml
 MIN_GAS = {"dcp_inter": 2, "dcp_inter_pac": 15}  # train.py:508-509; dcp_inter_ckpt.yaml:11-12
 MODES = {"bucket": "bucket", "dcp_intra": "intra", "dcp_inter": "inter", "dcp_inter_pac": "pac"}
+# bucket_config of the benchmark yamls (baseline.yaml:39-44): (resolution, frames) -> bs. The
+# published code ignores these numbers (sampler.py:287-289 reads the profile's bs); Open-Sora's
+# own training uses them. `published_epoch(..., bucket_sizes=yaml_bucket_sizes())` runs
+# bucket parallel with them: a different baseline, for the paper-fidelity study only.
+OPENSORA_YAML_BS = {
+    "144p": (345, 48, 25, 12, 6),
+    "240p": (128, 16, 8, 4, 2),
+    "360p": (64, 7, 4, 2, 1),
+    "480p": (32, 4, 2, 1, 1),
+    "720p": (14, 1, 1, 1, 1),
+}
+
+
+def yaml_bucket_sizes() -> dict[tuple, int]:
+    """OPENSORA_YAML_BS keyed by the 2D bucket key (the latent shape)."""
+    from dcp_opt.workloads import FRAMES, video_shape
+
+    return {
+        video_shape(r, f): bs
+        for r, sizes in OPENSORA_YAML_BS.items()
+        for f, bs in zip(FRAMES, sizes, strict=True)
+    }
 
 
 @dataclass
@@ -115,12 +137,14 @@ def published_profiles(
 
 
 # ---- bucket parallel (sampler.py:142-285) ----------------------------------------------------
-def _bucket_steps(epoch, cost, rng, drop_last, memory_cap):
+def _bucket_steps(epoch, cost, rng, drop_last, memory_cap, bucket_sizes=None):
     longest = max(s.num_tokens for s in epoch.sequences)
     capped = cost.with_(usable_memory_fraction=memory_cap)
     d = fitting_degree(capped, longest, DEFAULT_BUCKET_DEGREE)
     profiles, invalid = published_profiles(epoch, cost, "bucket", memory_cap, degree=d)
     sizes = median_clip(profiles)
+    if bucket_sizes is not None:  # the yaml's sizes instead of the profile's (no clipping)
+        sizes = [bucket_sizes.get(p.bucket.key, s) for p, s in zip(profiles, sizes, strict=True)]
     dropped, mbs = list(invalid), []  # mbs: (bucket, ids)
     for b, (p, bs) in enumerate(zip(profiles, sizes, strict=True)):
         ids = list(p.bucket.ids)
@@ -279,8 +303,10 @@ def published_epoch(
     seed: int = 0,
     drop_last: bool = True,
     memory_cap: float = PUBLISHED_MEMORY_CAP,
+    bucket_sizes: dict[tuple, int] | None = None,
 ) -> PublishedEpoch:
-    """The published sampler `method` over the whole epoch (see the module docstring)."""
+    """The published sampler `method` over the whole epoch (see the module docstring).
+    bucket_sizes: bucket key -> bs for `bucket` instead of the profile's (yaml_bucket_sizes)."""
     if method not in PUBLISHED_METHODS:
         raise DcpOptError(f"method: {method!r} not allowed; allowed: {list(PUBLISHED_METHODS)}")
     if not 0 < memory_cap <= 1:
@@ -288,7 +314,7 @@ def published_epoch(
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     if method == "bucket":
-        steps, dropped, stats = _bucket_steps(epoch, cost, rng, drop_last, memory_cap)
+        steps, dropped, stats = _bucket_steps(epoch, cost, rng, drop_last, memory_cap, bucket_sizes)
         return PublishedEpoch(method, drop_last, steps, dropped, time.perf_counter() - t0, stats)
     profiles, invalid = published_profiles(epoch, cost, MODES[method], memory_cap)
     t0 = time.perf_counter()
