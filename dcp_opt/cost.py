@@ -3,7 +3,8 @@
 Every quantity is per layer and per block type (1D: "layer"; 2D: "spatial", "temporal") and
 is a function of additive features of the micro-batch, so packing sequences adds features:
 
-    Q_b  attention work of block b: 1D sum s^2 (causal); 2D spatial sum F*S^2, temporal sum S*F^2
+    Q_b  attention work of block b: 1D sum s^2 (causal); 2D spatial sum F*S^2, temporal sum S*F^2;
+         1D layers with a sliding window w: s^2 - (s-w)^2 for s > w, i.e. ~2sw (CostModel._quad_1d)
     T    tokens;   S  sequences
 
 Time of one block's forward on one GPU of speed 1 (fitted by the profiler, or from FLOPs):
@@ -281,9 +282,21 @@ class CostModel:
             )
         t = float(seq.num_tokens)
         if self.model.kind == "1d":
-            return np.array([t * t, t, 1.0])
+            return np.array([self._quad_1d(t), t, 1.0])
         fr, sp = float(seq.frames), float(seq.spatial_tokens)
         return np.array([fr * sp * sp, sp * fr * fr, t, 1.0])
+
+    def _quad_1d(self, t):
+        """Q of a 1D sequence of t tokens (a float or an array), averaged over the layers.
+        Causal attention over s tokens scores s(s+1)/2 ~ s^2/2 pairs: Q = s^2 (quad_flops
+        counts 2h per unit). Under a window w (ModelSpec.window) a query sees min(i+1, w)
+        keys, w(w+1)/2 + (s-w)w ~ s*w - w^2/2 pairs for s > w: Q_w = s^2 - (s-w)^2 = 2sw - w^2
+        (equal to s^2 at s = w). Without a window the feature is s^2 bit for bit as before."""
+        m = self.model
+        if not m.windowed_layers:
+            return t * t
+        excess = np.maximum(t - m.window, 0.0)
+        return t * t - m.windowed_share * (excess * excess)
 
     def batch_features(self, batch: Batch) -> np.ndarray:
         key = ("bf", batch.fingerprint())
@@ -292,7 +305,7 @@ class CostModel:
             x = np.array([s.shape for s in batch.sequences], dtype=float)
             if self.model.kind == "1d":
                 t = x[:, 0]
-                f = np.stack([t * t, t, np.ones_like(t)], axis=1)
+                f = np.stack([self._quad_1d(t), t, np.ones_like(t)], axis=1)
             else:  # the same columns as features(), for every row at once
                 fr, sp = x[:, 0], x[:, 1] * x[:, 2]
                 f = np.stack([fr * sp * sp, sp * fr * fr, fr * sp, np.ones_like(fr)], axis=1)

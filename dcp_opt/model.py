@@ -18,6 +18,10 @@ class ModelSpec:
     `num_kv_heads` is the number of key/value heads of grouped-query attention (Ainslie et al.
     2023, "GQA"; Llama 3, Mistral, Qwen2); None means one per query head (multi-head).
     `num_params` defaults to the count implied by the shapes.
+    `window`, `windowed_layers`: sliding-window attention (Mistral, Gemma 2/3, Qwen2 with
+    `layer_types`): `windowed_layers` of the 1D layers let a query see only the `window` most
+    recent keys of its sequence, itself included (transformers' definition); 0, 0: none.
+    Build one from a transformers config with dcp_opt.hf_spec.spec_from_hf_config.
     """
 
     name: str
@@ -33,6 +37,8 @@ class ModelSpec:
     dtype_bytes: int = 2
     num_params: float | None = None
     num_kv_heads: int | None = None
+    window: int = 0
+    windowed_layers: int = 0
 
     def __post_init__(self) -> None:
         require(
@@ -45,7 +51,7 @@ class ModelSpec:
             )
         # Checked too because profile files carry a ModelSpec: a hand-edited one must fail
         # here, naming the field, not later inside the cost model.
-        for f in ("vocab_size", "text_tokens"):
+        for f in ("vocab_size", "text_tokens", "window", "windowed_layers"):
             v = getattr(self, f)
             require(
                 isinstance(v, int) and v >= 0, f"model.{f}", f"must be an integer >= 0, got {v!r}"
@@ -77,6 +83,27 @@ class ModelSpec:
             "model.num_kv_heads",
             f"must be null or an integer >= 1 dividing num_heads={self.num_heads}, got {kv!r}",
         )
+
+        self._check_window()
+
+    def _check_window(self) -> None:
+        w, n = self.window, self.windowed_layers
+        require(
+            n <= self.num_layers and (w == 0) == (n == 0),
+            "model.windowed_layers",
+            f"must be 0 with window 0, else 1..num_layers={self.num_layers}; got {n} "
+            f"with window {w}",
+        )
+        require(
+            n == 0 or (self.kind == "1d" and self.causal),
+            "model.window",
+            f"{w} not allowed for a {self.kind} model; allowed: causal 1d models",
+        )
+
+    @property
+    def windowed_share(self) -> float:
+        """Share of the layers whose attention has a window (0 without one)."""
+        return self.windowed_layers / self.num_layers
 
     @property
     def kv_heads(self) -> int:
@@ -124,6 +151,8 @@ class ModelSpec:
         d = asdict(self)
         if d["num_kv_heads"] is None:  # multi-head: the same document (and fingerprints) as
             del d["num_kv_heads"]  # before the field existed
+        if d["windowed_layers"] == 0:  # no window: likewise
+            del d["window"], d["windowed_layers"]
         return d
 
     @classmethod

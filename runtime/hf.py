@@ -286,24 +286,19 @@ def tiny_llama(
     return model.to(dtype)
 
 
-def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
-    """The dcp_opt ModelSpec (cost-model view) of a transformers Llama-style model."""
-    from dcp_opt import ModelSpec
+def model_spec(model: nn.Module, *, name: str | None = None):
+    """The dcp_opt ModelSpec (cost-model view) of a transformers causal LM of a supported
+    family: widths, kv heads, windows and the exact parameter count from its config
+    (dcp_opt.hf_spec), bytes per value from its parameters."""
+    from dcp_opt.hf_spec import spec_from_hf_config
 
-    cfg = model.config
     dtype_bytes = next(model.parameters()).element_size()
-    return ModelSpec(
-        name,
-        "1d",
-        cfg.num_hidden_layers,
-        cfg.hidden_size,
-        cfg.num_attention_heads,
-        cfg.intermediate_size,
-        vocab_size=cfg.vocab_size,
-        gated_mlp=True,
-        dtype_bytes=dtype_bytes,
-        num_kv_heads=config_kv_heads(cfg),
-    )
+    return spec_from_hf_config(model.config, name=name, dtype_bytes=dtype_bytes)
+
+
+def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
+    """model_spec under its former name (Llama-style models)."""
+    return model_spec(model, name=name)
 
 
 def config_kv_heads(cfg) -> int | None:
