@@ -143,62 +143,82 @@ def _g(start, degree, *mbs):
     return Group(start, degree, tuple(MicroBatch(*m) for m in mbs))
 
 
-# Each code on the mixed 2 x 4 cluster (degrees 1, 2, 4, 8), with the exact set it brings.
-# An aligned group of an allowed degree never straddles nodes here, so NODE_STRADDLE comes
-# with MISALIGNED.
+# Each code on the mixed 2 x 4 cluster (degrees 1, 2, 4, 8), with the exact messages it
+# brings ({fp}: the inputs' fingerprint). An aligned group of an allowed degree never
+# straddles nodes here, so NODE_STRADDLE comes with MISALIGNED. 4 tokens at degree 2 with both
+# layers recomputed need 35.5 bytes: they fit anywhere.
+WHOLE = [[_g(0, 8, ((0, 1),))]]
 CASES = {
-    "NO_PHASES": ([], {}, ["NO_PHASES", "MISSING_SEQUENCE"]),
-    "WRONG_NUM_RANKS": ([[_g(0, 8, ((0, 1),))]], {"num_ranks": 4}, ["WRONG_NUM_RANKS"]),
-    "BAD_DEGREE": (
-        [[_g(0, 3, ((0, 1),)), _g(3, 1), _g(4, 4)]],
-        {},
-        ["BAD_DEGREE"],
+    "NO_PHASES": (
+        [], {},
+        ["NO_PHASES: the plan has no phase", "MISSING_SEQUENCE: ids [0, 1] are never trained"],
     ),
-    # (4 tokens at degree 2 with both layers recomputed need 35.5 bytes: they fit anywhere)
-    "MISALIGNED": ([[_g(0, 1), _g(1, 2, ((0, 1), 2)), _g(3, 1), _g(4, 4)]], {}, ["MISALIGNED"]),
+    "WRONG_NUM_RANKS": (WHOLE, {"num_ranks": 4}, ["WRONG_NUM_RANKS: plan has 4 ranks, cluster 8"]),
+    "BAD_DEGREE": (
+        [[_g(0, 3, ((0, 1),)), _g(3, 1), _g(4, 4)]], {},
+        ["BAD_DEGREE: phase 0 group 0 (ranks 0..2): degree 3; allowed [1, 2, 4, 8]"],
+    ),
+    "MISALIGNED": (
+        [[_g(0, 1), _g(1, 2, ((0, 1), 2)), _g(3, 1), _g(4, 4)]], {},
+        ["MISALIGNED: phase 0 group 1 (ranks 1..2): start 1 is not a multiple of degree 2"],
+    ),
     "NODE_STRADDLE": (
-        [[_g(0, 2), _g(2, 1), _g(3, 2, ((0, 1), 2)), _g(5, 1), _g(6, 2)]],
-        {},
-        ["MISALIGNED", "NODE_STRADDLE"],
+        [[_g(0, 2), _g(2, 1), _g(3, 2, ((0, 1), 2)), _g(5, 1), _g(6, 2)]], {},
+        ["MISALIGNED: phase 0 group 2 (ranks 3..4): start 3 is not a multiple of degree 2",
+         "NODE_STRADDLE: phase 0 group 2 (ranks 3..4): spans two nodes"],
     ),
     "OUT_OF_RANGE": (
-        [[_g(0, 4), _g(4, 8, ((0, 1),))]],
-        {},
-        ["OUT_OF_RANGE", "RANK_UNCOVERED"],
+        [[_g(0, 4), _g(4, 8, ((0, 1),))]], {},
+        ["OUT_OF_RANGE: phase 0 group 1 (ranks 4..11): cluster has ranks 0..7",
+         "RANK_UNCOVERED: phase 0: ranks [4, 5, 6, 7] in no group"],
     ),
-    "RANK_OVERLAP": ([[_g(0, 4, ((0,),)), _g(4, 4, ((1,),)), _g(7, 1)]], {}, ["RANK_OVERLAP"]),
-    "RANK_UNCOVERED": ([[_g(0, 4, ((0, 1),)), _g(4, 2)]], {}, ["RANK_UNCOVERED"]),
-    "EMPTY_MICRO_BATCH": ([[_g(0, 8, ((0, 1),), ((),))]], {}, ["EMPTY_MICRO_BATCH"]),
-    "UNKNOWN_SEQUENCE": ([[_g(0, 8, ((0, 1, 9),))]], {}, ["UNKNOWN_SEQUENCE"]),
-    "DUPLICATE_SEQUENCE": ([[_g(0, 4, ((0, 1),)), _g(4, 4, ((1,),))]], {}, ["DUPLICATE_SEQUENCE"]),
-    "MISSING_SEQUENCE": ([[_g(0, 8, ((0,),))]], {}, ["MISSING_SEQUENCE"]),
-    "BAD_RECOMPUTE": ([[_g(0, 8, ((0,), 3), ((1,), -1))]], {}, ["BAD_RECOMPUTE"] * 2),
+    "RANK_OVERLAP": (
+        [[_g(0, 4, ((0,),)), _g(4, 4, ((1,),)), _g(7, 1)]], {},
+        ["RANK_OVERLAP: phase 0 group 2 (ranks 7..7): rank 7 also in group 1"],
+    ),
+    "RANK_UNCOVERED": (
+        [[_g(0, 4, ((0, 1),)), _g(4, 2)]], {},
+        ["RANK_UNCOVERED: phase 0: ranks [6, 7] in no group"],
+    ),
+    "EMPTY_MICRO_BATCH": (
+        [[_g(0, 8, ((0, 1),), ((),))]], {},
+        ["EMPTY_MICRO_BATCH: phase 0 group@0x8 micro-batch 1: no sequence"],
+    ),
+    "UNKNOWN_SEQUENCE": (
+        [[_g(0, 8, ((0, 1, 9),))]], {}, ["UNKNOWN_SEQUENCE: ids [9] not in the batch"],
+    ),
+    "DUPLICATE_SEQUENCE": (
+        [[_g(0, 4, ((0, 1),)), _g(4, 4, ((1,),))]], {},
+        ["DUPLICATE_SEQUENCE: ids [1] appear more than once"],
+    ),
+    "MISSING_SEQUENCE": ([[_g(0, 8, ((0,),))]], {}, ["MISSING_SEQUENCE: ids [1] are never trained"]),
+    "BAD_RECOMPUTE": (  # in two groups: each group's are reported
+        [[_g(0, 4, ((0,), 3)), _g(4, 4, ((1,), -1))]], {},
+        ["BAD_RECOMPUTE: phase 0 group@0x4 micro-batch 0: 3 not in [0, 2]",
+         "BAD_RECOMPUTE: phase 0 group@4x4 micro-batch 0: -1 not in [0, 2]"],
+    ),
     # rank 5 has 50 bytes: 2 tokens at degree 1 need 67.5 there (rank 0 would hold them)
     "OUT_OF_MEMORY": (
-        [[_g(0, 4, ((0,),)), _g(4, 1), _g(5, 1, ((1,),)), _g(6, 2)]],
-        {},
-        ["OUT_OF_MEMORY"],
+        [[_g(0, 4, ((0,),)), _g(4, 1), _g(5, 1, ((1,),)), _g(6, 2)]], {},
+        ["OUT_OF_MEMORY: phase 0 group@5x1 micro-batch 0: sequences [1] need 0.00 GB per GPU, "
+         "capacity 0.00 GB"],
     ),
     "FINGERPRINT_MISMATCH": (
-        [[_g(0, 8, ((0, 1),))]],
-        {"fingerprint": "x"},
-        ["FINGERPRINT_MISMATCH"],
+        WHOLE, {"fingerprint": "x"}, ["FINGERPRINT_MISMATCH: plan 'x', inputs {fp}"],
     ),
-    "BAD_NORMALIZER": ([[_g(0, 8, ((0, 1),))]], {"loss_normalizer": 3.0}, ["BAD_NORMALIZER"]),
-}
+    "BAD_NORMALIZER": (
+        WHOLE, {"loss_normalizer": 3.0},
+        ["BAD_NORMALIZER: tokens normaliser 3.0 does not match the batch"],
+    ),
+}  # fmt: skip
 
 
 def test_the_cases_cover_every_code():
     assert set(CASES) == set(CODES)
 
 
-@pytest.mark.parametrize("code", sorted(CODES))
-def test_every_violation_code_on_a_multi_node_mixed_cluster(code):
-    cost = mixed_cost()
-    batch = Batch.from_lengths([2, 2])
-    phases, changes, want = CASES[code]
-    good = make_plan([[_g(0, 8, ((0, 1),))]], batch, cost, planner="hand")
-    assert validate(good, batch, cost) == []
+def _plan(phases, batch, cost, **changes) -> Plan:
+    good = make_plan(WHOLE, batch, cost, planner="hand")
     fields = {
         "phases": tuple(Phase(tuple(gs)) for gs in phases),
         "num_ranks": 8,
@@ -206,10 +226,97 @@ def test_every_violation_code_on_a_multi_node_mixed_cluster(code):
         "normalizer_kind": good.normalizer_kind,
         "fingerprint": good.fingerprint,
     } | changes
-    plan = Plan(**fields)
+    return Plan(**fields)
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_every_violation_code_on_a_multi_node_mixed_cluster(code):
+    cost = mixed_cost()
+    batch = Batch.from_lengths([2, 2])
+    phases, changes, want = CASES[code]
+    good = make_plan(WHOLE, batch, cost, planner="hand")
+    assert validate(good, batch, cost) == []
+    plan = _plan(phases, batch, cost, **changes)
     violations = validate(plan, batch, cost)
-    assert sorted(v.code for v in violations) == sorted(want), violations
-    with pytest.raises(InvalidPlanError, match=code):
+    want = [w.replace("{fp}", repr(good.fingerprint)) for w in want]
+    assert sorted(str(v) for v in violations) == sorted(want)
+    with pytest.raises(InvalidPlanError, match=code) as e:
         ensure_valid(plan, batch, cost)
+    assert e.value.violations == violations
     if code in ("FINGERPRINT_MISMATCH", "BAD_NORMALIZER"):
         assert validate(plan, batch, cost, check_fingerprint=False) == []
+        assert ensure_valid(plan, batch, cost, check_fingerprint=False) is plan
+
+
+def test_invalid_plan_error_names_three_violations_and_counts_the_rest():
+    cost, batch = mixed_cost(), Batch.from_lengths([2, 2])
+    three = validate(_plan([[_g(0, 8, ((0,), 3), ((1,), 4), ((), 0))]], batch, cost), batch, cost)
+    assert len(three) == 3
+    assert str(InvalidPlanError(three)) == "plan: 3 violation(s): " + "; ".join(map(str, three))
+    five = three + validate(_plan([], batch, cost), batch, cost)
+    assert len(five) == 5
+    assert str(InvalidPlanError(five)) == (
+        "plan: 5 violation(s): " + "; ".join(map(str, five[:3])) + " (+2 more)"
+    )
+
+
+def test_groups_after_an_out_of_range_group_are_still_checked():
+    cost, batch = mixed_cost(), Batch.from_lengths([2, 2])
+    # The out-of-range groups come first; the groups after them still count as covering.
+    plan = _plan([[_g(-2, 2), _g(6, 4), _g(0, 4, ((0, 1),)), _g(4, 2)]], batch, cost)
+    assert [str(v) for v in validate(plan, batch, cost)] == [
+        "OUT_OF_RANGE: phase 0 group 0 (ranks -2..-1): cluster has ranks 0..7",
+        "OUT_OF_RANGE: phase 0 group 1 (ranks 6..9): cluster has ranks 0..7",
+        "RANK_UNCOVERED: phase 0: ranks [6, 7] in no group",
+    ]
+
+
+@pytest.mark.parametrize("start, degree", [(-2, 2), (6, 4), (0, 0)])
+def test_an_out_of_range_group_gets_no_memory_check(start, degree):
+    # 100 tokens would overflow any GPU here; out of range, the group has no members whose
+    # memory could be read, so only its range is reported.
+    cost, batch = mixed_cost(), Batch.from_lengths([100, 2])
+    groups = [_g(start, degree, ((0,),)), _g(0, 4, ((1,),)), _g(4, 2)]
+    codes = {v.code for v in validate(_plan([groups], batch, cost), batch, cost)}
+    assert "OUT_OF_MEMORY" not in codes and "OUT_OF_RANGE" in codes
+
+
+def test_unknown_ids_in_place_of_known_ones_are_reported():
+    cost, batch = mixed_cost(), Batch.from_lengths([2, 2])
+    plan = _plan([[_g(0, 8, ((0, 9),))]], batch, cost)  # as many ids as the batch has
+    assert sorted(str(v) for v in validate(plan, batch, cost)) == [
+        "MISSING_SEQUENCE: ids [1] are never trained",
+        "UNKNOWN_SEQUENCE: ids [9] not in the batch",
+    ]
+
+
+def test_memory_of_a_micro_batch_with_an_unknown_id_counts_its_known_sequences():
+    # Rank 0 (100 bytes) holds 3 tokens (97.5): an unknown id adds nothing; 4 tokens (127.5)
+    # overflow whatever unknown id rides along.
+    cost, batch = mixed_cost(), Batch.from_lengths([3, 4])
+    plan = _plan([[_g(0, 1, ((0, 9),)), _g(1, 1), _g(2, 2), _g(4, 4, ((1, 8),))]], batch, cost)
+    assert [v.code for v in validate(plan, batch, cost)] == ["UNKNOWN_SEQUENCE"]
+    plan = _plan([[_g(0, 1, ((1, 9),)), _g(1, 1), _g(2, 2), _g(4, 4, ((0,),))]], batch, cost)
+    assert sorted(v.code for v in validate(plan, batch, cost)) == [
+        "OUT_OF_MEMORY",
+        "UNKNOWN_SEQUENCE",
+    ]
+
+
+def test_a_micro_batch_needing_exactly_the_capacity_fits():
+    # 2 tokens at degree 1 need 9 + 2 * 30 = 69 bytes on 4 GPUs (states 2 + 4 + 12/4).
+    batch = Batch.from_lengths([2])
+    for memory, want in ((69.0, []), (68.9, ["OUT_OF_MEMORY"])):
+        cost = toy_cost(1, 4, memory)
+        plan = make_plan([[Group(0, 1, (MicroBatch((0,)),))]], batch, cost, planner="hand")
+        assert [v.code for v in validate(plan, batch, cost)] == want, memory
+
+
+@pytest.mark.parametrize("count, shown", [(8, "[1, 2, 3, 4, 5, 6, 7, 8]"),
+                                          (9, "[1, 2, 3, 4, 5, 6, 7, 8, ...]")])  # fmt: skip
+def test_long_id_lists_are_cut_after_eight(count, shown):
+    cost, batch = mixed_cost(), Batch.from_lengths([1] * (count + 1))
+    plan = _plan([[_g(0, 8, ((0,),))]], batch, cost)
+    assert [str(v) for v in validate(plan, batch, cost)] == [
+        f"MISSING_SEQUENCE: ids {shown} are never trained"
+    ]
