@@ -235,11 +235,11 @@ def _unfilled(step, pool: _StreamPool, drop_last: bool) -> bool:
     return False
 
 
-def _inter_steps(pool, cost, rng, drop_last, max_gas, min_gas):
+def _inter_steps(pool, cost, rng, drop_last, max_gas, min_gas, biased=True):
     steps, gas_log = [], []
     on_full = (lambda st: _prune(st, pool, max_gas, min_gas)) if drop_last else None
     while pool.any_left():
-        step, filled = _fill(pool, cost.cluster.num_gpus, rng, True, on_full=on_full)
+        step, filled = _fill(pool, cost.cluster.num_gpus, rng, biased, on_full=on_full)
         if not step or (not filled and _unfilled(step, pool, drop_last)):
             continue
         step.sort(key=lambda g: -g[1])  # sampler.py:510-512, stable
@@ -304,9 +304,13 @@ def published_epoch(
     drop_last: bool = True,
     memory_cap: float = PUBLISHED_MEMORY_CAP,
     bucket_sizes: dict[tuple, int] | None = None,
+    min_gas: int | None = None,
+    biased_sp_pick: bool = True,
 ) -> PublishedEpoch:
     """The published sampler `method` over the whole epoch (see the module docstring).
-    bucket_sizes: bucket key -> bs for `bucket` instead of the profile's (yaml_bucket_sizes)."""
+    Off the published settings, to measure each one (docs/baselines.md): bucket_sizes (bucket
+    key -> bs for `bucket` instead of the profile's, e.g. yaml_bucket_sizes()); min_gas for
+    inter and PAC instead of MIN_GAS; biased_sp_pick=False: inter draws sp sizes as intended."""
     if method not in PUBLISHED_METHODS:
         raise DcpOptError(f"method: {method!r} not allowed; allowed: {list(PUBLISHED_METHODS)}")
     if not 0 < memory_cap <= 1:
@@ -323,6 +327,7 @@ def published_epoch(
     if method == "dcp_intra":
         steps, stats = _intra_steps(pool, cost, rng, drop_last)
     else:
-        steps, stats = _inter_steps(pool, cost, rng, drop_last, MAX_GAS, MIN_GAS[method])
+        gas = MIN_GAS[method] if min_gas is None else min_gas
+        steps, stats = _inter_steps(pool, cost, rng, drop_last, MAX_GAS, gas, biased_sp_pick)
     stats["profile"] = _bs_table(profiles)
     return PublishedEpoch(method, drop_last, steps, pool.dropped, time.perf_counter() - t0, stats)
