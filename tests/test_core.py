@@ -121,20 +121,32 @@ def test_simulate_tiny_plan():
 
 def test_phases_start_when_members_are_free():
     cm = toy_cost()
-    batch = Batch.from_lengths([2, 2, 8])
-    # phase 0: rank 0 runs seq 0 (12.5 s), rank 1 runs seq 1 (12.5 s); phase 1: all four ranks
-    # run seq 2 at degree 4: 6*8/4 + 0.5 = 12.5 s -> finish 25 s
+    batch = Batch.from_lengths([2, 3, 1, 2, 4])
+    # Phase 0: rank 0 runs 2 tokens (12.5 s), rank 1 3 tokens (18.5 s), rank 2 1 token
+    # (6.5 s), rank 3 idle. Phase 1: ranks 0..1 start at 18.5 (the later member is not the
+    # first one) and run 2 tokens at degree 2 (6.5 s) -> 25; ranks 2..3 start at 6.5 (free
+    # long before the others: no barrier between phases) and run 4 tokens at degree 2
+    # (12.5 s) -> 19. Step 25; a first-member clock gives 19, a barrier 31.
     plan = make_plan(
         [
-            [Group(0, 1, (MicroBatch((0,)),)), Group(1, 1, (MicroBatch((1,)),))],
-            [Group(0, 4, (MicroBatch((2,)),))],
+            [Group(0, 1, (MicroBatch((0,)),)), Group(1, 1, (MicroBatch((1,)),)),
+             Group(2, 1, (MicroBatch((2,)),))],
+            [Group(0, 2, (MicroBatch((3,)),)), Group(2, 2, (MicroBatch((4,)),))],
         ],
         batch,
         cm,
         planner="hand",
-    )
+    )  # fmt: skip
     assert validate(plan, batch, cm) == []
-    assert simulate(plan, batch, cm).step_time_s == pytest.approx(25.0)
+    sim = simulate(plan, batch, cm)
+    starts = {(e.phase, e.start_rank): (e.start_s, e.end_s) for e in sim.events}
+    assert starts == {  # halves and integers: exact in binary floating point
+        (0, 0): (0, 12.5), (0, 1): (0, 18.5), (0, 2): (0, 6.5), (1, 0): (18.5, 25.0),
+        (1, 2): (6.5, 19.0),
+    }  # fmt: skip
+    assert sim.step_time_s == pytest.approx(25.0)
+    assert sim.busy_s.tolist() == pytest.approx([19.0, 25.0, 19.0, 12.5])
+    assert sim.idle_s.tolist() == pytest.approx([6.0, 0.0, 6.0, 12.5])
 
 
 def _plan_with(groups, batch, cm, **kw):
