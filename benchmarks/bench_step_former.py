@@ -12,7 +12,8 @@ gradient sync). Bounds (solvers/stream_bound.py): `bound_fixed_s` for data order
 as many steps (max_shift > 0); the former's gap is to the movable bound, data order's to both.
 JSON keys: {"config": {...}, "rows": [{"method", "steps", "tokens_p10", "tokens_median",
 "tokens_p90", "epoch_s", "tokens_per_s", "gap_fixed", "gap_movable", "form_wall_s",
-"exchanges", "evals"}], "bound_fixed_s", "bound_movable_s", "speedup"}.
+"exchanges", "evals", "repaired" (samples the repair moved into the band)}],
+"bound_fixed_s", "bound_movable_s", "speedup"}.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def row(method, batches, cost, bounds, form=None) -> dict:
         "form_wall_s": form.wall_s if form else None,
         "exchanges": form.exchanges if form else None,
         "evals": form.evals if form else None,
+        "repaired": form.repaired if form else None,
     }
 
 
