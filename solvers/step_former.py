@@ -35,10 +35,9 @@ Algorithm:
    an exchange is kept when it lowers the two steps' summed greedy step time (a first pass
    plans only exchanges that lower the pair's larger concentration). On 2d-long the greedy
    step time grows with the count of 432K-token videos in a step (greedy / bound 1.04 with
-   none, 1.14 with four, 1.22 with five), so spreading them is what pays. Every kept exchange
-   lowers the proxy's
-   epoch sum, so the result is never worse than the start (data order when data order is
-   within the band). CP-SAT is not used: the objective is the greedy planner's output, which
+   none, 1.14 with four: docs/stream.md), so spreading them is what pays. Every kept exchange
+   lowers the proxy's epoch sum, so the result is never worse than the start (data order
+   when data order is within the band). CP-SAT is not used: the objective is the greedy planner's output, which
    an assignment model cannot express, and the analytic bound it could express is invariant.
 """
 
