@@ -38,8 +38,9 @@ def segment_attention(
     - `sinks`: [H] per-head logits of a virtual key with a zero value that joins every
       softmax and is then dropped (gpt-oss `s_aux`).
 
-    Computed one segment at a time: cost sum s^2 (s * window with a window) rather than
-    (sum s)^2, which is what the cost model assumes of a packed micro-batch (as
+    On CUDA in half precision (causal, no softcap or sinks) every segment goes in one
+    FlashAttention varlen call with `window_size` (_use_varlen). Otherwise computed one
+    segment at a time: cost sum s^2 (s * window with a window) rather than (sum s)^2, which is what the cost model assumes of a packed micro-batch (as
     FlashAttention's varlen kernels do; Dao 2023, sec. 3.1), and unmasked 4-D inputs select
     PyTorch's fused kernel. Softcap and sinks take an explicit float softmax in the inputs'
     dtype (no fused CPU kernel has them). Non-contiguous segment ids fall back to one masked
@@ -53,12 +54,49 @@ def segment_attention(
     ids, counts = torch.unique_consecutive(segments, return_counts=True)
     if ids.numel() != torch.unique(ids).numel():
         return _masked_segment_attention(q, k, v, segments=segments, **opts)
+    if _use_varlen(q, causal=causal, softcap=softcap, sinks=sinks):
+        return _varlen_attention(q, k, v, counts, scale=scale, window=window)
     sizes = counts.tolist()
     outs = [
         _one_segment(qs, ks, vs, **opts)
         for qs, ks, vs in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
     ]
     return torch.cat(outs)
+
+
+def _use_varlen(q: torch.Tensor, *, causal: bool, softcap, sinks) -> bool:
+    """FlashAttention's varlen kernel (torch.nn.attention.varlen.varlen_attn) on CUDA for
+    half precision, causal, no softcap or sinks; everything else takes the per-segment path
+    (float32/64 and CPU: PyTorch's SDPA kernels)."""
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and causal):
+        return False
+    if softcap is not None or sinks is not None:
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def varlen_window_size(window: int | None) -> tuple[int, int]:
+    """FlashAttention's (left, right) for transformers' window of w keys: FlashAttention
+    lets query i see keys [i - left, i + right], so w keys, itself included, is (w - 1, 0)
+    (transformers modeling_flash_attention_utils passes `sliding_window - 1` likewise);
+    (-1, 0) is plain causal."""
+    return (-1, 0) if window is None else (window - 1, 0)
+
+
+def _varlen_attention(q, k, v, counts, *, scale, window):
+    """All segments in one varlen call: cu_seqlens from the segment sizes (q, k, v: [T, H, Dh],
+    equal head counts)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    cu = F.pad(counts.cumsum(0), (1, 0)).to(device=q.device, dtype=torch.int32)
+    longest = int(counts.max())
+    return varlen_attn(
+        q, k, v, cu, cu, longest, longest, scale=scale, window_size=varlen_window_size(window)
+    )
 
 
 def _visible(pos_q, pos_k, same, *, causal: bool, window: int | None) -> torch.Tensor:

@@ -47,7 +47,7 @@ VERIFIED_FAMILIES = (
 Locator = Callable[[nn.Module], Iterable[tuple[nn.Module, nn.Module]]]
 
 
-class UnsupportedModelError(DcpOptError, ValueError):
+class UnsupportedModelError(DcpOptError):
     """parallelize_hf refused a model before changing anything (a ValueError too)."""
 
 

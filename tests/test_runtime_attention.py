@@ -107,3 +107,42 @@ def test_window_must_be_causal_and_positive():
     for kwargs in ({"window": 0}, {"window": 2, "causal": False}):
         with pytest.raises(ValueError, match="window"):
             segment_attention(q, q, q, segments=torch.zeros(3, dtype=torch.long), **kwargs)
+
+
+def _flash_varlen_by_its_docs(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size):
+    """torch.nn.attention.varlen.varlen_attn as documented (FlashAttention's window: query i
+    of a sequence sees keys [i - left, i + right] of that sequence; -1 = unbounded), written
+    with masks so the CUDA path's arguments can be checked on CPU."""
+    left, right = window_size
+    outs = []
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        i = torch.arange(b - a)
+        mask = torch.ones(b - a, b - a, dtype=torch.bool)
+        if left >= 0:
+            mask &= i[None, :] >= i[:, None] - left
+        if right >= 0:
+            mask &= i[None, :] <= i[:, None] + right
+        out = torch.nn.functional.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)), attn_mask=mask, scale=scale
+        )
+        outs.append(out.transpose(0, 1))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_cuda_varlen_path_arguments(monkeypatch, window):
+    """The CUDA path hands varlen_attn cu_seqlens of the packed sequences and
+    window_size = (w - 1, 0) for transformers' w keys: with a kernel that follows
+    varlen_attn's documentation it gives the definition's result (no GPU needed)."""
+    from dcp_opt.runtime import attention
+    from torch.nn.attention import varlen
+
+    monkeypatch.setattr(attention, "_use_varlen", lambda *a, **kw: True)
+    monkeypatch.setattr(varlen, "varlen_attn", _flash_varlen_by_its_docs)
+    segs = [0] * 5 + [1] * 8 + [2] * 2
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(len(segs), 2, 4, dtype=torch.float64, generator=gen) for _ in range(3))
+    got = segment_attention(q, k, v, segments=torch.tensor(segs), scale=0.8, window=window)
+    want = _by_definition(q, k, v, segs, scale=0.8, window=window)
+    assert torch.allclose(got, want, atol=1e-12, rtol=0)
+    assert attention.varlen_window_size(window) == ((-1, 0) if window is None else (window - 1, 0))
