@@ -38,6 +38,7 @@ def make_plan(
         planner=planner,
         predicted_step_time_s=predicted_step_time_s,
         meta=meta or {},
+        optimizer_sharding=cost.optimizer_sharding,
     )
 
 

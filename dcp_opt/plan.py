@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import SHARDING_MODES
 from .errors import PlanFormatError, loads_json
 
 SCHEMA_VERSION = 1
@@ -59,6 +60,10 @@ class Plan:
     predicted_step_time_s: float | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     schema_version: int = SCHEMA_VERSION
+    # The CostModel.optimizer_sharding the plan was made for (memory of every micro-batch
+    # depends on it); the runtime refuses to run it under another mode. "" = not recorded
+    # (plans written before the field existed): left out of the JSON, so they hash as before.
+    optimizer_sharding: str = ""
 
     # ---- views -------------------------------------------------------------------------
     def micro_batches(self):
@@ -96,6 +101,12 @@ class Plan:
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        d = self._to_dict()
+        if self.optimizer_sharding:
+            d["optimizer_sharding"] = self.optimizer_sharding
+        return d
+
+    def _to_dict(self) -> dict:
         return {
             "schema_version": self.schema_version,
             "num_ranks": self.num_ranks,
@@ -200,6 +211,11 @@ def _parse_plan(d: Any) -> Plan:
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         raise PlanFormatError("plan.meta: expected an object")
+    sharding = d.get("optimizer_sharding", "")
+    if sharding != "" and sharding not in SHARDING_MODES:
+        raise PlanFormatError(
+            f"plan.optimizer_sharding: {sharding!r} not allowed; allowed: {list(SHARDING_MODES)}"
+        )
     return Plan(
         phases=tuple(phases),
         num_ranks=_need(d, "num_ranks", int, "plan"),
@@ -209,4 +225,5 @@ def _parse_plan(d: Any) -> Plan:
         planner=str(d.get("planner", "")),
         predicted_step_time_s=None if pred is None else float(pred),
         meta=meta,
+        optimizer_sharding=sharding,
     )

@@ -166,19 +166,25 @@ def execute_step(
     step: int,
     check_plan: bool = True,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    sharding=None,
 ) -> StepReport:
     """Run this rank's part of `plan` and sum gradients over the world.
 
     `data[sequence_id]` (or `data(sequence_id)`) is read only for this rank's micro-batches.
     Gradients accumulate into `.grad`: zero them before the step as in any training loop.
     `bucket_bytes`: a bucket of the gradient sum closes once it holds at least this many
-    bytes (whole parameters; the same value on every rank)."""
+    bytes (whole parameters; the same value on every rank).
+    `sharding` (runtime/sharding.py `shard(...)`): run under its mode, then reduce, step its
+    optimizer and zero the gradients: one step of the plan is one step of training."""
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
     t_check = time.perf_counter()
     if check_plan:
         check_same_plan(plan)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
+    if sharding is not None:
+        sharding.check_plan(plan)
+        sharding.begin_step()
     get = data if callable(data) else data.__getitem__
     started = time.perf_counter()
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
@@ -208,8 +214,11 @@ def execute_step(
                 )
             )  # fmt: skip
     t_sync = time.perf_counter()
-    dtype = next(model.parameters()).dtype
-    total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes)
+    if sharding is None:
+        dtype = next(model.parameters()).dtype
+        total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes)
+    else:
+        total = sharding.finish_step(task, state, step=step, kind=plan.normalizer_kind, loss=loss)
     _sync()
     end = time.perf_counter()
     state.sp, state.recompute_layers = SPGroup.single(), 0

@@ -1,0 +1,219 @@
+"""Sharded, mixed-precision training under any plan: the modes of CostModel.optimizer_sharding
+(`none`, `zero1`, `zero2`, `zero3`) on FSDP2, with the optimizer step inside the executor's
+step (design and measurements: docs/architecture.md, "Sharded, mixed-precision training").
+
+Every world-wide collective happens at a step boundary, never inside the plan's phases, so
+groups may run any number of micro-batches and ranks may be idle:
+
+- `none`: `fully_shard` over the rank's own one-rank group (a full replica with FSDP2's
+  mixed-precision casts); after the last phase the fp32 gradients are all-reduced.
+- `zero1` / `zero2` / `zero3`: `fully_shard` over the world. The step starts with one
+  `unshard()` (all-gather) per unit and keeps the parameters gathered; gradients accumulate
+  unsharded with sync off; one closing empty micro-step (one token, loss x 0) with sync on
+  makes FSDP2 reduce-scatter every unit, in the same order on every rank; the optimizer steps
+  on the shards; `reshard()` frees the gathered copy.
+
+    sharding = shard(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), mode="zero1",
+                     pool=pool, task=LMTask(), dtype="bf16")
+    execute_step(plan, task, sharding.model, data, pool=pool, state=state, step=i,
+                 sharding=sharding)              # forward, backward, reduce, optimizer step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from dcp_opt.cost import SHARDING_MODES
+from dcp_opt.errors import DcpOptError
+
+from .groups import GroupPool
+from .parallelize import SPState
+from .sp import SPGroup
+from .tasks import DiffusionTask, LMTask
+
+# dtype: the compute dtype. None computes in the model's own dtype (fp32 or fp64, no casts);
+# "bf16" is mixed precision: bf16 parameters and activations for compute, fp32 gradient
+# accumulation and master weights (the model must be fp32: its parameters are the masters).
+DTYPES = (None, "fp32", "bf16")
+
+
+class ShardingModeError(DcpOptError):
+    """The run's sharding mode differs from the mode the plan's cost model planned for."""
+
+
+def _check_inputs(model: nn.Module, make_optimizer, mode: str, dtype) -> None:
+    if mode not in SHARDING_MODES:
+        raise DcpOptError(f"mode: {mode!r} not allowed; allowed: {list(SHARDING_MODES)}")
+    if dtype not in DTYPES:
+        raise DcpOptError(f"dtype: {dtype!r} not allowed; allowed: {list(DTYPES)}")
+    if not callable(make_optimizer):
+        raise DcpOptError(
+            "make_optimizer: must be a callable params -> torch.optim.Optimizer, got "
+            f"{type(make_optimizer).__name__}; allowed: e.g. lambda ps: torch.optim.AdamW(ps)"
+        )
+    params = list(model.parameters())
+    if not params:
+        raise DcpOptError("model: has no parameters; allowed: a module with parameters")
+    bad = [(n, p.dtype) for n, p in model.named_parameters() if not p.is_floating_point()]
+    if bad:
+        raise DcpOptError(
+            f"model parameters: {bad[0][0]!r} is {bad[0][1]}, not floating point; allowed: "
+            "float32, float64 or bfloat16 parameters"
+        )
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) > 1:
+        raise DcpOptError(
+            f"model parameters: mixed dtypes {sorted(map(str, dtypes))}; allowed: one dtype"
+        )
+    if dtype in ("fp32", "bf16") and params[0].dtype != torch.float32:
+        raise DcpOptError(
+            f"model parameters: {params[0].dtype} with dtype={dtype!r}; allowed: float32 "
+            "(the parameters are the fp32 master weights), or dtype=None"
+        )
+
+
+def closing_sample(task, model: nn.Module):
+    """A one-token sample for the closing micro-step. A task may define `closing_sample`;
+    language-model tasks take two token ids, DiffusionTask a 1x1 latent and a 1-token caption
+    shaped from the model's config."""
+    own = getattr(task, "closing_sample", None)
+    if callable(own):
+        return own(model)
+    if isinstance(task, LMTask) or type(task).__name__ == "HFCausalLMTask":
+        return torch.zeros(2, dtype=torch.long)
+    if isinstance(task, DiffusionTask) and hasattr(model, "cfg"):
+        dt = next(model.parameters()).dtype
+        cfg = model.cfg
+        return {
+            "x": torch.zeros(1, 1, cfg.in_channels, dtype=dt),
+            "text": torch.zeros(1, cfg.text_dim, dtype=dt),
+        }
+    raise DcpOptError(
+        f"task: {type(task).__name__} has no closing_sample(model); allowed: LMTask, "
+        "HFCausalLMTask, DiffusionTask (TinyDiT), or a task that defines closing_sample"
+    )
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The FSDP2 units: each layer of the first `layers` ModuleList (TinyLM, TinyDiT, HF
+    models' `model.layers`), then the root. Per-layer units bound the reduce-scatter buffer of
+    the closing step to one layer's gradients."""
+    for name, m in model.named_modules():
+        if name.split(".")[-1] == "layers" and isinstance(m, nn.ModuleList):
+            return [*m, model]
+    return [model]
+
+
+@dataclass
+class Sharding:
+    """A model sharded under one mode, with its optimizer over the (sharded) fp32 params."""
+
+    mode: str
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    units: list
+    sample: object  # the closing micro-step's sample
+    dtype: str | None
+
+    def check_plan(self, plan) -> None:
+        """Fail (on every rank alike: they hold the same plan) if the plan was made for
+        another mode. A plan without a recorded mode (made before plans recorded it) runs."""
+        planned = getattr(plan, "optimizer_sharding", "")
+        if planned and planned != self.mode:
+            raise ShardingModeError(
+                f"optimizer_sharding: the plan's cost model planned {planned!r} but this run "
+                f"shards {self.mode!r}; allowed: a plan made with "
+                f"CostModel(optimizer_sharding={self.mode!r}), or shard(mode={planned!r})"
+            )
+
+    def begin_step(self) -> None:
+        """Gather every unit once (a world all-gather in the sharded modes) and keep it
+        gathered through the step; no gradient sync inside the plan's phases."""
+        for u in self.units:
+            u.set_reshard_after_forward(False, recurse=False)
+            u.set_reshard_after_backward(False, recurse=False)
+            u.set_requires_gradient_sync(self.mode == "none", recurse=False)
+        for u in self.units:
+            u.unshard()
+
+    def finish_step(self, task, state: SPState, *, step: int, kind: str, loss: torch.Tensor):
+        """Reduce the gradients over the world, step the optimizer, zero the gradients and
+        free the gathered parameters. Returns the loss summed over the world."""
+        if self.mode != "none":
+            for u in self.units:
+                u.set_requires_gradient_sync(True, recurse=False)
+            state.sp, state.recompute_layers = SPGroup.single(), 0
+            task.run(self.model, [(-1, self.sample)], state, step=step, kind=kind, scale=0.0)
+        # While gathered, FSDP2 registers the unsharded parameters on the modules; resharding
+        # puts back the sharded ones, which hold the gradients and which the optimizer steps.
+        for u in self.units:
+            u.reshard()
+        if self.mode == "none":
+            _all_reduce_grads(self.model)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+
+def shard(
+    model: nn.Module,
+    make_optimizer: Callable,
+    *,
+    mode: str,
+    pool: GroupPool,
+    task,
+    dtype: str | None = None,
+) -> Sharding:
+    """Shard `model` in place under `mode` (collective: every rank calls it alike) and build
+    its optimizer with `make_optimizer(params)`. Bad input raises before the model changes."""
+    _check_inputs(model, make_optimizer, mode, dtype)
+    sample = closing_sample(task, model)
+    # none: a full replica, FSDP2 over this rank alone (its casts, no world collective)
+    group = pool.get(pool.rank, 1) if mode == "none" else dist.group.WORLD
+    mesh = DeviceMesh.from_group(group, "cuda" if dist.get_backend() == "nccl" else "cpu")
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if dtype == "bf16" else None,
+        reduce_dtype=torch.float32 if dtype == "bf16" else None,
+    )
+    units = shard_units(model)
+    for u in units:
+        fully_shard(u, mesh=mesh, mp_policy=policy)
+    for u in units:
+        # Sum, not mean: the plan's losses are already scaled by 1 / loss_normalizer, and
+        # PREMUL_SUM (FSDP2's route for a custom factor) is not a gloo reduce op.
+        u.set_gradient_divide_factor(1.0)
+        u.set_force_sum_reduction_for_comms(True)
+    return Sharding(mode, model, make_optimizer(model.parameters()), units, sample, dtype)
+
+
+def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:
+    """Sum the (full, local) gradients of a `none`-mode replica over the world in flat
+    buckets per dtype; a parameter without a gradient (an idle rank) sends zeros."""
+    grads = []
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
+    buckets: list[list[torch.Tensor]] = []
+    for g in grads:
+        last = buckets[-1] if buckets else None
+        if last and last[0].dtype == g.dtype and sum(x.nbytes for x in last) < bucket_bytes:
+            last.append(g)
+        else:
+            buckets.append([g])
+    for bucket in buckets:
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -1,0 +1,227 @@
+"""One full training step (forward, backward, optimizer step) under every sharding mode equals
+single-process AdamW on the same global batch: float64, gloo, worlds 2 and 4, plans from
+greedy, bucket and dcp_inter_pac, a hand-made plan with an idle rank and groups running 1 vs 5
+micro-batches, and seeded random valid plans (idle phases, uneven micro-batch counts, mixed
+degrees). The reference objective is tests/reference.py's, from the model's forward on each
+sequence alone. A hang fails the test through the pool's timeout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
+from dcp_opt.runtime.sharding import Sharding, ShardingModeError, shard
+from dcp_opt.runtime.testing import DistWorkers
+from dcp_opt.solvers import run_planner
+
+from dcp_opt import Batch, Cluster, CostModel, ModelSpec, make_plan, validate
+from dcp_opt.cost import SHARDING_MODES
+from dcp_opt.errors import DcpOptError
+from dcp_opt.plan import Group, MicroBatch, Plan
+
+from .reference import objective
+
+TOL = 1e-9
+CFG = LMConfig(vocab_size=32, hidden=16, num_heads=4, num_layers=3, ffn_hidden=24)
+SPEC = ModelSpec("tiny-lm", "1d", 3, 16, 4, 24, vocab_size=32, dtype_bytes=8)
+LR, WD = 1e-2, 0.1
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=LR, weight_decay=WD)
+
+
+def cost_for(world: int, mode: str, memory: float = 1e15) -> CostModel:
+    cluster = Cluster("cpu", 1, world, memory, 1e12, 1e10, 1e10)
+    return CostModel(SPEC, cluster, optimizer_sharding=mode)
+
+
+def make_model(seed: int) -> TinyLM:
+    torch.manual_seed(seed)
+    return TinyLM(CFG).double()
+
+
+def make_data(batch: Batch, seed: int) -> dict:
+    out = {}
+    for s in batch.sequences:
+        g = torch.Generator().manual_seed(seed * 1000 + s.id)
+        out[s.id] = torch.randint(CFG.vocab_size, (s.shape[0] + 1,), generator=g)
+    return out
+
+
+def job_train(ctx, cases: list, seed: int, step: int):
+    """On every rank, per case (plan JSON, batch dict, mode): one sharded training step on a
+    fresh model; returns (loss, full parameters after the optimizer step) per case."""
+    out = []
+    for plan_json, batch_dict, mode in cases:
+        plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+        model, state, task = make_model(seed), SPState(), LMTask()
+        parallelize(model, state)
+        sh = shard(model, adamw, mode=mode, pool=ctx.pool, task=task)
+        data = make_data(batch, seed)
+        report = execute_step(
+            plan, task, model, data, pool=ctx.pool, state=state, step=step, sharding=sh
+        )
+        params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+        out.append((report.loss, [p.detach().clone() for p in params]))
+    return out
+
+
+def reference(plan: Plan, batch: Batch, seed: int):
+    """Single-process AdamW step on the whole batch, the objective from its definition."""
+    model, data = make_model(seed), make_data(batch, seed)
+    before = [p.detach().clone() for p in model.parameters()]
+    per_token = []
+    for sid in sorted(data):
+        x = data[sid]
+        pos = torch.arange(x.shape[0] - 1)
+        logits = model(x[:-1], pos, torch.zeros_like(pos))
+        per_token.append(F.cross_entropy(logits, x[1:], reduction="none"))
+    loss = objective(per_token, plan.normalizer_kind)
+    loss.backward()
+    adamw(model.parameters()).step()
+    return float(loss.detach()), before, [p.detach().clone() for p in model.parameters()]
+
+
+def check_cases(workers: DistWorkers, cases: list, seed: int = 3, step: int = 5) -> float:
+    """Run every (name, plan, batch, mode) case in one job; the worst update-relative error."""
+    payload = [(p.to_json(), b.to_dict(), m) for _, p, b, m in cases]
+    results = workers.run(job_train, payload, seed, step)
+    worst = 0.0
+    for k, (name, plan, batch, mode) in enumerate(cases):
+        want_loss, before, want = reference(plan, batch, seed)
+        for rank_out in results:
+            loss, got = rank_out[k]
+            assert abs(loss - want_loss) <= TOL * abs(want_loss), (name, mode, loss, want_loss)
+            for g, w, b in zip(got, want, before, strict=True):
+                # Relative to the update, not to the weights: a far stricter test.
+                err = float((g - w).norm()) / max(float((w - b).norm()), 1e-300)
+                assert err <= TOL, f"{name} under {mode}: parameter error {err:.3e} > {TOL}"
+                worst = max(worst, err)
+    return worst
+
+
+# ---- plans ---------------------------------------------------------------------------------
+BATCH = Batch.from_lengths([3, 20, 7, 12, 5, 9, 2, 16])
+
+
+def planner_cost(world: int, mode: str) -> CostModel:
+    """Memory for 60% of the longest sequence at degree 1: planners must use SP or recompute."""
+    base = cost_for(world, mode)
+    per_token = float(base.memory(1, 1, 0)) - base.fixed_bytes()
+    memory = (base.fixed_bytes() + 0.6 * 20 * per_token) / base.usable_memory_fraction
+    return cost_for(world, mode, memory)
+
+
+def uneven_plan(world: int, mode: str) -> Plan:
+    """Rank 0 runs 5 micro-batches alone while rank 1 runs 1; then both run one together; then
+    rank 0 runs one more while rank 1 is idle (on world 4 ranks 2 and 3 idle all step)."""
+    five = tuple(MicroBatch((i,), i % 3) for i in (0, 2, 4, 6, 7))
+    p0 = [Group(0, 1, five), Group(1, 1, (MicroBatch((3,), 1),))]
+    p1 = [Group(0, 2, (MicroBatch((1,), 2),))]
+    p2 = [Group(0, 1, (MicroBatch((5,), 0),))]
+    return make_plan([p0, p1, p2], BATCH, cost_for(world, mode), planner="uneven")
+
+
+def random_plan(rng: np.random.Generator, batch: Batch, cost: CostModel) -> Plan:
+    """1-3 phases of random aligned layouts; sequences dealt to random groups (some empty),
+    split into 1..n micro-batches with random recompute."""
+    n = cost.cluster.num_gpus
+    phases = []
+    for _ in range(int(rng.integers(1, 4))):
+        layout, start = [], 0
+        while start < n:
+            ok = [d for d in cost.cluster.allowed_degrees if start % d == 0 and start + d <= n]
+            d = int(rng.choice(ok))
+            layout.append([start, d, []])
+            start += d
+        phases.append(layout)
+    slots = [g for layout in phases for g in layout]
+    for s in batch.sequences:
+        slots[int(rng.integers(len(slots)))][2].append(s.id)
+    out = []
+    for layout in phases:
+        groups = []
+        for start, d, ids in layout:
+            mbs = []
+            while ids:
+                k = int(rng.integers(1, len(ids) + 1))
+                mbs.append(MicroBatch(tuple(ids[:k]), int(rng.integers(0, SPEC.num_layers + 1))))
+                ids = ids[k:]
+            groups.append(Group(start, d, tuple(mbs)))
+        out.append(groups)
+    kind = str(rng.choice(["tokens", "samples"]))
+    return make_plan(out, batch, cost, planner="random", normalizer_kind=kind)
+
+
+def all_cases(world: int) -> list:
+    cases = []
+    rng = np.random.default_rng(world)
+    for mode in SHARDING_MODES:
+        made = []
+        cost = planner_cost(world, mode)
+        for name in ("greedy", "bucket", "dcp_inter_pac"):
+            made.append((name, run_planner(name, BATCH, cost).plan, BATCH, cost))
+        made.append(("uneven", uneven_plan(world, mode), BATCH, cost_for(world, mode)))
+        for k in range(2):
+            batch = Batch.from_lengths([int(x) for x in rng.integers(1, 12, rng.integers(1, 7))])
+            plan = random_plan(rng, batch, cost_for(world, mode))
+            made.append((f"random{k}", plan, batch, cost_for(world, mode)))
+        for name, plan, batch, c in made:
+            assert plan.optimizer_sharding == mode
+            assert validate(plan, batch, c) == [], name
+            cases.append((name, plan, batch, mode))
+    return cases
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def workers(request):
+    w = DistWorkers(request.param, timeout_s=60.0)
+    yield w
+    w.close()
+
+
+def test_one_training_step_equals_single_process_adamw(workers):
+    cases = all_cases(workers.world_size)
+    uneven = [p for n, p, _, _ in cases if n == "uneven"][0]
+    counts = sorted(len(g.micro_batches) for ph in uneven.phases for g in ph.groups)
+    assert counts[-1] == 5 and 1 in counts and 0 in counts  # 1 vs 5 micro-batches, an idle rank
+    check_cases(workers, cases)
+
+
+# ---- bad input -----------------------------------------------------------------------------
+def test_bad_mode_dtype_and_params_leave_the_model_untouched():
+    model = make_model(0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    kinds = {n: type(p) for n, p in model.named_parameters()}
+    with pytest.raises(DcpOptError, match=r"^mode: 'zero4' not allowed; allowed: \['none'"):
+        shard(model, adamw, mode="zero4", pool=None, task=LMTask())
+    with pytest.raises(DcpOptError, match=r"^dtype: 'fp16' not allowed; allowed: \[None"):
+        shard(model, adamw, mode="zero1", pool=None, task=LMTask(), dtype="fp16")
+    with pytest.raises(DcpOptError, match=r"^model parameters: torch.float64 with dtype='bf16'"):
+        shard(model, adamw, mode="zero1", pool=None, task=LMTask(), dtype="bf16")
+    with pytest.raises(DcpOptError, match=r"^make_optimizer: must be a callable"):
+        shard(model, None, mode="zero1", pool=None, task=LMTask())
+    with pytest.raises(DcpOptError, match=r"^task: object has no closing_sample"):
+        shard(model, adamw, mode="zero1", pool=None, task=object())
+    model.register_parameter("count", torch.nn.Parameter(torch.zeros(2, dtype=torch.long), False))
+    with pytest.raises(DcpOptError, match=r"^model parameters: 'count' is torch.int64, not float"):
+        shard(model, adamw, mode="zero1", pool=None, task=LMTask())
+    del model.count
+    for n, p in model.named_parameters():
+        assert type(p) is kinds[n] and torch.equal(p, before[n])
+
+
+def test_a_plan_made_for_another_mode_is_refused_naming_both():
+    plan = run_planner("greedy", BATCH, cost_for(2, "zero3")).plan
+    assert plan.optimizer_sharding == "zero3"
+    sh = Sharding("zero1", None, None, [], None, None)
+    with pytest.raises(ShardingModeError, match=r"planned 'zero3' but this run shards 'zero1'"):
+        sh.check_plan(plan)
+    Sharding("zero3", None, None, [], None, None).check_plan(plan)  # the same mode runs
+    legacy = Plan.from_dict({k: v for k, v in plan.to_dict().items() if k != "optimizer_sharding"})
+    assert legacy.optimizer_sharding == ""
+    sh.check_plan(legacy)  # a plan from before the field: nothing recorded, nothing to refuse
