@@ -192,8 +192,9 @@ class CostModel:
 
     `optimizer_sharding`: model states per GPU follow mixed-precision Adam (Rajbhandari et al.
     2020, ZeRO, sec. 3): bf16 weights 2 B, fp32 gradient accumulator 4 B, fp32 master weights
-    and two moments 12 B per parameter; zero1 shards the 12 B, zero2 also the gradients, zero3
-    everything, over the whole world (as VideoSys' ZeRO-1 does).
+    and two moments 12 B per parameter; zero1 shards the 12 B over the whole world (as VideoSys'
+    ZeRO-1 does). zero2 and zero3 hold the same peak under the runtime's schedule, which
+    reduces the world once per step (model_state_bytes).
     """
 
     model: ModelSpec
@@ -461,16 +462,29 @@ class CostModel:
 
     # ---- memory ------------------------------------------------------------------------
     def model_state_bytes(self) -> float:
+        """Peak model-state bytes per GPU in a step as runtime/sharding.py runs the mode
+        (docs/architecture.md, "Sharded, mixed-precision training"). The world reduces the
+        gradients once per step, since groups run different numbers of micro-batches; until
+        then every rank holds the gathered bf16 weights and a full fp32 accumulator. So zero2
+        and zero3 hold the zero1 peak: only the fp32 master weights and moments are sharded."""
         p, n = self.model.total_params, self.cluster.num_gpus
         w, g, o = 2.0, 4.0, 12.0
-        mode = self.optimizer_sharding
-        if mode == "zero1":
+        if self.optimizer_sharding != "none":
             o /= n
-        elif mode == "zero2":
-            g, o = g / n, o / n
-        elif mode == "zero3":
-            w, g, o = w / n, g / n, o / n
         return p * (w + g + o)
+
+    def step_collectives(self) -> dict[str, float]:
+        """Bytes one rank sends in the world-wide collectives of a step under
+        runtime/sharding.py: `none` all-reduces the fp32 gradients (ring, 2 (N-1)/N x 4 B per
+        parameter; Thakur et al. 2005); the sharded modes all-gather the bf16 weights once
+        ((N-1)/N x 2 B) and reduce-scatter the fp32 gradients ((N-1)/N x 4 B). The step time
+        charges `grad_sync_time` (an all-reduce of `grad_reduce_bytes_per_param`); set that
+        to `runtime_reduce_bytes(mode)` to charge exactly these."""
+        p, n = self.model.total_params, self.cluster.num_gpus
+        share = (n - 1) / n
+        if self.optimizer_sharding == "none":
+            return {"grad_all_reduce": 2 * share * 4.0 * p}
+        return {"param_all_gather": share * 2.0 * p, "grad_reduce_scatter": share * 4.0 * p}
 
     def fixed_bytes(self) -> float:
         return self.model_state_bytes() + self.coeffs.reserved_bytes
@@ -560,6 +574,17 @@ def plan_fingerprint(batch: Batch, cost: CostModel) -> str:
 
 def combine_fingerprints(batch_fingerprint: str, cost_fingerprint: str) -> str:
     return hashlib.sha256((batch_fingerprint + cost_fingerprint).encode()).hexdigest()[:16]
+
+
+def runtime_reduce_bytes(mode: str) -> float:
+    """`grad_reduce_bytes_per_param` that makes `grad_sync_time` (a ring all-reduce, 2 (N-1)/N
+    x bytes) equal the step's collectives under runtime/sharding.py: an fp32 all-reduce for
+    `none` (4 B), all-gather 2 B + reduce-scatter 4 B for the sharded modes (3 B)."""
+    if mode not in SHARDING_MODES:
+        raise DcpOptError(
+            f"optimizer_sharding: {mode!r} not allowed; allowed: {list(SHARDING_MODES)}"
+        )
+    return 4.0 if mode == "none" else 3.0
 
 
 def loss_normalizer(batch: Batch, kind: str) -> float:

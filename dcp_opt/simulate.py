@@ -7,7 +7,7 @@ all-reduce, so step time = latest finish + gradient sync.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +48,11 @@ class SimResult:
     events: tuple[Event, ...]
     comm_s: float  # GPU-seconds in all-to-alls
     recompute_s: float  # GPU-seconds recomputing
+    # Bytes each rank sends in the step's world-wide collectives under the cost model's
+    # optimizer_sharding (CostModel.step_collectives: all-reduce, or all-gather of the
+    # weights + reduce-scatter of the gradients), and their time at the gradient-sync rate.
+    collectives: dict = field(default_factory=dict)
+    collectives_s: float = 0.0
 
     @property
     def num_ranks(self) -> int:
@@ -117,6 +122,7 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
             ready[s : s + d] = [t] * d
     finish = max(ready) if n else 0.0
     sync = cost.grad_sync_time()
+    coll = cost.step_collectives()
     busy_a = np.array(busy)
     return SimResult(
         finish + sync,
@@ -128,7 +134,18 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
         tuple(out),
         comm_total,
         rec_total,
+        coll,
+        _collective_seconds(coll, cost),
     )
+
+
+def _collective_seconds(coll: dict, cost: CostModel) -> float:
+    """Seconds of the step's collectives at the rate grad_sync_time uses (NIC across nodes)."""
+    c = cost.cluster
+    if c.num_gpus == 1:
+        return 0.0
+    bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
+    return sum(coll.values()) / bw
 
 
 def _rows(batch: Batch, cost: CostModel) -> dict[int, int]:

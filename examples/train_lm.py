@@ -2,6 +2,8 @@
 
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --model hf-llama
+    torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --checkpoint-dir ckpt \
+        --checkpoint-every 5         # run it again: it resumes from ckpt by itself
 
 `--model hf-llama` trains an unmodified transformers `LlamaForCausalLM` (small config, random
 weights, nothing downloaded) through dcp_opt.runtime.hf instead of the runtime's TinyLM.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 
+import dcp_opt.runtime.checkpoint as checkpoint
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -56,6 +59,8 @@ def parse_args():
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=("tiny", "hf-llama"), default="tiny")
+    ap.add_argument("--checkpoint-dir", help="save here; resume from here when it holds one")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
     return ap.parse_args()
 
 
@@ -92,6 +97,10 @@ def main():
     loader = DcpLoader(dataset, dataset.lengths, cost, batch_size=args.batch_size,
                        planner=args.planner, seed=args.seed)  # fmt: skip
     step = 0
+    if args.checkpoint_dir and checkpoint.latest(args.checkpoint_dir) is not None:
+        step = checkpoint.load(args.checkpoint_dir, model=model, optimizer=opt, loader=loader)
+        if rank == 0:
+            print(f"resumed from {args.checkpoint_dir} at step {step}", flush=True)
     while step < args.steps:
         for b in loader:
             opt.zero_grad(set_to_none=True)
@@ -106,6 +115,9 @@ def main():
                     flush=True,
                 )
             step += 1
+            if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0:
+                checkpoint.save(args.checkpoint_dir, model=model, optimizer=opt, loader=loader,
+                                step=step)  # fmt: skip
             if step == args.steps:
                 break
         loader.set_epoch(loader.epoch + 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -280,13 +281,27 @@ def test_integration_snippet_runs_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.dist
-def test_example_train_lm_runs_under_torchrun():
-    args = ["--steps", "2", "--num-samples", "32", "--max-len", "64", "--planner", "greedy"]
-    out = torchrun(["2", "examples/train_lm.py", *args])
+def test_example_train_lm_runs_under_torchrun_and_resumes_by_itself(tmp_path):
+    ckdir = tmp_path / "ckpt"
+    args = ["examples/train_lm.py", "--steps", "4", "--num-samples", "32", "--max-len", "64",
+            "--planner", "greedy", "--checkpoint-dir", str(ckdir), "--checkpoint-every", "2"]  # fmt: skip
+    out = torchrun(["2", *args])
     steps = [ln for ln in out.splitlines() if ln.startswith("step ")]
-    assert len(steps) == 2, out
+    assert len(steps) == 4 and "resumed" not in out, out
     for line in steps:  # plan summary, predicted and measured time, loss on every step
         assert re.search(r"phases \[.+\].*predicted [\d.]+s measured [\d.]+s \| loss [\d.]+", line)
+    # Without its last checkpoint (step 4) the same command resumes from step 2 by itself and
+    # trains steps 2 and 3 to the same losses (same world, same plans: bitwise).
+    shutil.rmtree(ckdir / "step-00000004")
+    (ckdir / "latest").unlink()
+    again = torchrun(["2", *args])
+    assert f"resumed from {ckdir} at step 2" in again, again
+
+    def losses(text):
+        return dict(re.findall(r"^step +(\d+) .*\| loss ([\d.]+)$", text, re.M))
+
+    assert losses(again) == {s: v for s, v in losses(out).items() if int(s) >= 2}
+    assert len(losses(again)) == 2
 
 
 @pytest.mark.dist
