@@ -46,3 +46,17 @@ def plan_nodes(batch, cost, *, seed: int = 0, **options):
 
 def plan_boom(batch, cost, **options):
     raise RuntimeError("boom: injected planner failure")
+
+
+def plan_none(batch, cost, **options):
+    """No plan: what a planner returns when it finds nothing (the CLI must exit 1)."""
+    from dcp_opt.result import PlanResult
+
+    return PlanResult("infeasible", None, float("inf"), 0.0, 0.0, "stub_none", "nothing fits")
+
+
+def plan_timeout(batch, cost, **options):
+    """A budget that ran out before any plan: not infeasible, still no plan (exit 1)."""
+    from dcp_opt.result import PlanResult
+
+    return PlanResult("timeout", None, float("inf"), 0.0, 0.0, "stub_timeout", "no time")
