@@ -146,6 +146,8 @@ def form_steps_report(
     lo = math.ceil((1 - tolerance) * target_tokens)
     hi = math.floor((1 + tolerance) * target_tokens)
     _check_sizes(stream, tokens, hi, tolerance)
+    if cost is not None:  # refused up front, naming the sample: no step could hold it
+        cost.check_fits(Batch(tuple(stream)))
     st = _State(tokens, _data_order(tokens, target_tokens), max_shift, lo, hi)
     repaired = st.repair()
     out = StepForming([], repaired=repaired)
@@ -297,7 +299,7 @@ class _Search:
     def __init__(self, st: _State, stream, cost: CostModel, deadline: float, max_evals):
         self.st, self.stream, self.cost = st, stream, cost
         self.deadline, self.max_evals = deadline, max_evals
-        tab = seq_table(Batch(tuple(stream)), cost)  # also refuses a sample that fits nowhere
+        tab = seq_table(Batch(tuple(stream)), cost)
         deg = np.asarray(tab.degrees, dtype=float)
         # least GPU-seconds of each sequence (dcp_opt.bounds: the per-sequence work term)
         self.work = np.min(tab.time_marginal * deg[None, :], axis=1).tolist()

@@ -15,9 +15,11 @@ its finish time (step time less the sync) is at least each of
   (a) sum_{i in I_k} w_i / W + c        (dcp_opt.bounds, fact 1: w_i = min_d d * m_i(d) the
                                           least GPU-seconds of sequence i, W the summed rank
                                           weights, c = per-micro-batch overhead / max weight)
-  (b) sum_{i in I_k} v_i / W            (solvers.lp_bound's work row at the loosest finish
-                                          time: v_i = min_d d * (m_i(d) + c_d tok_i / K_d),
-                                          every degree allowed, so it holds for any T)
+  (b) sum_{i in I_k} v_i / W            (solvers.lp_bound's work row, least over every
+                                          degree: v_i = min_d d * (m_i(d) + the share of
+                                          micro-batch constants it must carry); the LP
+                                          allows only degrees that meet T, so the least
+                                          over all of them holds for any T)
 Both are sums of per-sequence terms, so their sums over the S steps do not depend on the
 assignment: epoch >= max(sum_i w_i / W + S c, sum_i v_i / W) + S * sync, since a sum of
 per-step maxima is at least the maximum of the sums. The longest-sequence (critical-path)

@@ -6,6 +6,8 @@ in CI it runs the `ci` profile's examples on streams of up to 80 samples.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from dcp_opt.solvers import run_planner
 from dcp_opt.solvers.step_former import data_order_steps, form_steps, form_steps_report
@@ -13,7 +15,7 @@ from dcp_opt.solvers.stream_bound import stream_lower_bound
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dcp_opt import Batch, DcpOptError, Sequence
+from dcp_opt import Batch, DcpOptError, InfeasibleError, Sequence
 from tests import strategies as hs
 from tests.toy import toy_cost
 
@@ -96,17 +98,31 @@ def test_sample_over_the_band_is_refused():
         form_steps(seqs([5, 12], ids=[41, 42]), target_tokens=10, max_shift=2, tolerance=0.1)
 
 
+def test_sample_that_fits_nowhere_is_refused():
+    # toy: 4 GPUs of 100 bytes; 30 tokens need 9 + 30/4 x (30 - 8 x 2) = 114 bytes per GPU
+    # at degree 4 with both layers recomputed
+    with pytest.raises(InfeasibleError, match=r"sequence 1 .*cannot fit"):
+        form_steps(seqs([10, 30]), target_tokens=40, max_shift=1, tolerance=0.5, cost=toy_cost())
+
+
 # ---- stream bound, by hand -------------------------------------------------------------------
 def test_stream_bound_toy_arithmetic():
-    # toy: 4 GPUs, time 6T/d + 0.5 per micro-batch, no sync. A 10-token sequence fits at
-    # d = 1 without recompute, least work 6 x 10 = 60 GPU-s at any degree. Step [10, 10]:
-    # work bound 120 / 4 + 0.5 = 30.5 >= critical path 6 x 10 / 4 + 0.5 = 15.5; two such
-    # steps: 61. Movable (K > 0): 240 / 4 + 2 x 0.5 = 61 as well; the LP work row,
-    # (6 + 0.5 / 6.5) x 40 / 4 = 60.77, is lower.
-    cost = toy_cost()
+    # toy without its 0.5 s per-micro-batch overhead (every constant 0, so the LP's work row
+    # is the analytic one): a 10-token sequence fits at degree 4 without recompute (9 + 10/4 x
+    # 30 = 84 bytes <= 100): 6 x 10 / 4 = 15 s, 60 GPU-s (degree 2 needs both layers
+    # recomputed: 2 x (30 + 10) = 80 GPU-s). Step [10, 10]: work 120 / 4 = 30 s >= critical
+    # path 15 s; two steps: 60 s, fixed; movable: 240 / 4 = 60 s as well.
+    bare = toy_cost()
+    bare = bare.with_(coeffs=replace(bare.coeffs, microbatch_overhead_s=0.0))
     steps = [Batch.from_lengths([10, 10]), Batch.from_lengths([10, 10])]
-    assert stream_lower_bound(steps, cost) == pytest.approx(61.0)
-    assert stream_lower_bound(steps, cost, max_shift=2) == pytest.approx(61.0)
+    assert stream_lower_bound(steps, bare) == pytest.approx(60.0)
+    assert stream_lower_bound(steps, bare, max_shift=2) == pytest.approx(60.0)
+    # with the overhead: the analytic bound is 30.5 a step (one 0.5 s constant at least) and
+    # the greedy plan 31 s (the two sequences one after the other on 4 GPUs, 20 tokens do not
+    # fit in one micro-batch: 9 + 5 x 30 > 100): 61 <= bound <= 62, fixed and movable
+    cost = toy_cost()
+    for k in (0, 2):
+        assert 61.0 - 1e-9 <= stream_lower_bound(steps, cost, max_shift=k) <= 62.0 + 1e-9
     with pytest.raises(DcpOptError, match="^max_shift: "):
         stream_lower_bound(steps, cost, max_shift=-1)
     with pytest.raises(DcpOptError, match=r"^steps\[0\]: "):
