@@ -399,6 +399,7 @@ def job_dataloader(ctx, log_dir: str):
     sampler.set_epoch(2)
     it = sampler.planned(loader)
     first = next(it)
+    ahead = len(sampler._sent)  # batches the DataLoader already took from the sampler
     state = sampler.state_dict()
     it.close()
     again = DcpBatchSampler(LENGTHS, cost_for(ctx.world_size), **kw)
@@ -406,13 +407,13 @@ def job_dataloader(ctx, log_dir: str):
     rest = DataLoader(LoggingDataset(LENGTHS, log), batch_sampler=again,
                       collate_fn=collate_samples, num_workers=2, **fork)  # fmt: skip
     resumed = [first.step] + [b.step for b in again.planned(rest)]
-    return got, want, reads, state, resumed, len(sampler.batches())
+    return got, want, reads, state, resumed, len(sampler.batches()), ahead
 
 
 @pytest.mark.dist
 def test_dataloader_workers_read_only_this_ranks_samples(workers, tmp_path):
     ranks = workers.run(job_dataloader, str(tmp_path))
-    for got, want, reads, state, resumed, num_batches in ranks:
+    for got, want, reads, state, resumed, num_batches, ahead in ranks:
         # The same plans, samples and gradients as the in-process loader, bitwise.
         assert len(got) == len(want) == 6  # 13 samples in batches of 5: 3 per epoch, 2 epochs
         for (h, ids, g), (h2, ids2, g2) in zip(got, want, strict=True):
@@ -426,6 +427,7 @@ def test_dataloader_workers_read_only_this_ranks_samples(workers, tmp_path):
         assert len(first_two_epochs) < 2 * len(LENGTHS)  # not every sample: the rank's share
         # State counts batches handed to the loop (1), not those prefetched by the workers.
         assert state["batches_done"] == 1 and state["epoch"] == 2
+        assert ahead == num_batches - 1  # 2 workers x 2: the rest of the epoch was prefetched
         assert resumed == list(range(num_batches))  # resumed at batch 1: nothing lost or repeated
     assert ranks[0][3] == ranks[1][3]  # the state is the same on every rank
 
