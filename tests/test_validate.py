@@ -253,6 +253,8 @@ def test_invalid_plan_error_names_three_violations_and_counts_the_rest():
     three = validate(_plan([[_g(0, 8, ((0,), 3), ((1,), 4), ((), 0))]], batch, cost), batch, cost)
     assert len(three) == 3
     assert str(InvalidPlanError(three)) == "plan: 3 violation(s): " + "; ".join(map(str, three))
+    four = three + validate(_plan([], batch, cost), batch, cost)[:1]
+    assert str(InvalidPlanError(four)).endswith(str(three[2]) + " (+1 more)")
     five = three + validate(_plan([], batch, cost), batch, cost)
     assert len(five) == 5
     assert str(InvalidPlanError(five)) == (

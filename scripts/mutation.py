@@ -1,0 +1,205 @@
+"""Mutation testing (issue 18), nightly and never in CI: mutmut's mutants of the core, the
+solvers' common finish path and the runtime, each module against a targeted fast test
+selection; writes a JSON summary of killed / survived / score per module.
+
+    .venv/bin/python scripts/mutation.py --out mutation/                      # every module
+    .venv/bin/python scripts/mutation.py --modules validate bounds --out mutation/
+    .venv/bin/python scripts/mutation.py --modules executor --sample 40 --out mutation/
+
+Each module is mutated in its own staged copy of the tree (dcp_opt/ with runtime/ and solvers/
+nested, as the installed package sees them, plus tests/), so the working tree is never
+touched. In-process modules run under `mutmut run` (one fork per mutant, only the tests that
+reach the mutated function). The runtime's executor and tasks run inside gloo worker processes
+that mutmut's coverage cannot see, so they take mutmut's mutants (its trampolined module) and
+run one pytest per mutant with MUTANT_UNDER_TEST set, which the workers inherit.
+
+Score = killed / (mutants - equivalent); scripts/mutation_equivalent.json names the mutants
+shown equivalent or harmless, each with its reason (listed in docs/guarantees.md). A timeout
+counts as killed (the mutant made the tests hang, which they caught).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.json"
+# Where the installed package maps each staged folder from (pyproject's package-dir).
+NESTED = {"dcp_opt/runtime": "runtime", "dcp_opt/solvers": "solvers"}
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str  # as the package sees it: dcp_opt/...
+    tests: tuple[str, ...]  # pytest arguments: the targeted selection, fastest killers first
+    in_process: bool = True
+
+
+MODULES = {
+    "validate": Module("dcp_opt/validate.py", ("tests/test_validate.py", "tests/test_core.py")),
+    "bounds": Module("dcp_opt/bounds.py", ("tests/test_bounds.py", "tests/test_core.py")),
+    "simulate": Module(
+        "dcp_opt/simulate.py",
+        ("tests/test_simulate.py", "tests/test_core.py", "tests/test_gantt.py"),
+    ),
+    "cost": Module("dcp_opt/cost.py", ("tests/test_core.py", "tests/test_fit.py")),
+    "common": Module(
+        "dcp_opt/solvers/common.py", ("tests/test_greedy.py", "tests/test_baselines.py")
+    ),
+    "tasks": Module(
+        "dcp_opt/runtime/tasks.py",
+        ("tests/test_runtime_equiv.py", "-k", "planner_plans and world2"),
+        in_process=False,
+    ),
+    "executor": Module(
+        "dcp_opt/runtime/executor.py",
+        (
+            "tests/test_runtime_equiv.py",
+            "-k",
+            "(planner_plans or buckets) and world2",
+            "tests/test_runtime_faults.py",
+        ),
+        in_process=False,
+    ),
+}
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 36: "timeout"}
+
+
+def stage(where: Path) -> None:
+    """A copy of the package as installed (runtime/ and solvers/ inside dcp_opt/) and tests."""
+    if where.exists():
+        shutil.rmtree(where)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "dcp_opt", where / "dcp_opt", ignore=ignore)
+    for inside, outside in NESTED.items():
+        shutil.copytree(ROOT / outside, where / inside, ignore=ignore)
+    shutil.copytree(ROOT / "tests", where / "tests", ignore=ignore)
+
+
+def mutmut_config(mod: Module) -> str:
+    tests = ", ".join(json.dumps(t) for t in mod.tests)
+    return (
+        "[tool.mutmut]\n"
+        'source_paths = ["dcp_opt"]\n'
+        f"only_mutate = [{json.dumps(mod.path)}]\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]\n'
+        f"pytest_add_cli_args_test_selection = [{tests}]\n"
+        "use_git_change_detection = false\n\n"
+        '[tool.pytest.ini_options]\ntestpaths = ["tests"]\n'
+    )
+
+
+def run_mutmut(where: Path, mod: Module, jobs: int) -> dict[str, str]:
+    """mutant name -> status, from mutmut's own results file."""
+    (where / "pyproject.toml").write_text(mutmut_config(mod))
+    cmd = [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", str(jobs)]
+    log = subprocess.run(cmd, cwd=where, capture_output=True, text=True, check=False)
+    (where / "mutmut.log").write_text(log.stdout[-20000:] + log.stderr[-20000:])
+    meta = where / "mutants" / (mod.path + ".meta")
+    if not meta.exists():
+        raise RuntimeError(f"mutmut produced no results for {mod.path}; see {where}/mutmut.log")
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return {name: STATUS.get(code, f"exit {code}") for name, code in codes.items()}
+
+
+def run_subprocess(where: Path, mod: Module, jobs: int, sample: int | None) -> dict[str, str]:
+    """Runtime modules: mutmut's trampolined module, one pytest per mutant (see docstring)."""
+    os.chdir(where)  # mutmut reads its configuration from the current folder
+    (where / "pyproject.toml").write_text(mutmut_config(mod))
+    from mutmut.mutation.file_mutation import mutate_file_contents
+
+    src = where / mod.path
+    mutated = mutate_file_contents(mod.path, src.read_text())
+    src.write_text(mutated.code)
+    module = mod.path.removesuffix(".py").replace("/", ".")
+    names = [f"{module}.{n}" for n in mutated.mutant_names]
+    if sample is not None and sample < len(names):
+        names = sorted(random.Random(0).sample(names, sample))
+    if _pytest(where, mod, "") != 0:
+        raise RuntimeError(f"{mod.path}: the selected tests fail without any mutant")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        codes = list(pool.map(lambda n: _pytest(where, mod, n), names))
+    return {n: STATUS.get(c, "killed") for n, c in zip(names, codes, strict=True)}
+
+
+def _pytest(where: Path, mod: Module, mutant: str, timeout_s: float = 600.0) -> int:
+    env = dict(os.environ, MUTANT_UNDER_TEST=mutant, PY_IGNORE_IMPORTMISMATCH="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mod.tests]
+    try:
+        proc = subprocess.run(cmd, cwd=where, env=env, capture_output=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return 36
+    return proc.returncode
+
+
+def summarise(name: str, mod: Module, status: dict[str, str], equivalent: dict) -> dict:
+    killed = sum(s in ("killed", "timeout") for s in status.values())
+    eq = sorted(n for n, s in status.items() if s == "survived" and _key(n) in equivalent)
+    survived = sorted(n for n, s in status.items() if s == "survived" and _key(n) not in equivalent)
+    other = {n: s for n, s in status.items() if s not in ("killed", "timeout", "survived")}
+    counted = len(status) - len(eq)
+    return {
+        "module": mod.path,
+        "tests": list(mod.tests),
+        "mutants": len(status),
+        "killed": killed,
+        "equivalent": len(eq),
+        "survived": len(survived),
+        "other": other,
+        "score": round(killed / counted, 4) if counted else None,
+        "survivors": [_key(n) for n in survived],
+    }
+
+
+def _key(name: str) -> str:
+    """A mutant's name without its module path: x_<function>__mutmut_<n>."""
+    return name.rsplit(".", 1)[-1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--modules", nargs="+", choices=sorted(MODULES), default=sorted(MODULES))
+    p.add_argument("--out", default="mutation", help="folder for staged trees and summary.json")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--sample", type=int, help="runtime modules: run this many mutants, seeded")
+    args = p.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    all_equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
+    summary_path = out / "summary.json"
+    doc = json.loads(summary_path.read_text()) if summary_path.exists() else {"modules": {}}
+    doc["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    for name in args.modules:
+        mod, where, started = MODULES[name], out / name, time.perf_counter()
+        stage(where)
+        if mod.in_process:
+            status = run_mutmut(where, mod, args.jobs)
+        else:
+            status = run_subprocess(where, mod, args.jobs, args.sample)
+        row = summarise(name, mod, status, all_equivalent.get(mod.path, {}))
+        row["wall_s"] = round(time.perf_counter() - started, 1)
+        row["sampled"] = None if mod.in_process else args.sample
+        doc["modules"][name] = row
+        summary_path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(
+            f"{name:9} {row['killed']:5} killed {row['survived']:4} survived "
+            f"{row['equivalent']:4} equivalent  score {row['score']}  ({row['wall_s']} s)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
