@@ -3,11 +3,14 @@
 For a candidate finish time T, every plan (any number of phases, any packing) satisfies:
 - (critical path) a sequence i runs at a degree d with t_i(d) <= T * w_max only, since any
   micro-batch holding it takes at least its time alone (time grows with features and with r);
-- (work) it costs at least d * (m_i(d) + c_d * tok_i / K_d) GPU-seconds, where m_i(d) is its
-  time less every per-micro-batch constant (table.time_marginal), c_d the constant of an empty
-  micro-batch at r = 0 and K_d the most tokens one micro-batch can hold at degree d (with every
-  layer recomputed): a micro-batch's constant is shared by at most K_d tokens. This is the
-  efficiency a micro-batch can actually reach given memory, not the best-case asymptote;
+- (work) it costs at least d * (m_i(d) + min_r [E_d(r) * tok_i / K_d(r) + (r - r_i) rec_i(d)])
+  GPU-seconds, where m_i(d) is its time less every per-micro-batch constant
+  (table.time_marginal), E_d(r) the time of an empty micro-batch at recompute level r, K_d(r)
+  the most tokens a micro-batch at level r can hold at degree d, r_i its own fewest recomputed
+  layers and rec_i(d) one more recomputed layer of it (r >= r_i: it does not fit below): a
+  micro-batch's constant is shared by at most K_d(r) tokens, and a micro-batch packed beyond
+  the tokens that fit at level r_i recomputes more. This is the efficiency a micro-batch can
+  actually reach given memory, not the best-case asymptote;
 - (big sequences) a rank busy with sequences i_1..i_k spends at least sum m_i + c_min (one
   micro-batch constant at least), so k sequences with m_i > (T - c_min) / k never share a
   rank: the degrees of those sequences sum to at most (k - 1) * N (k = 2, 3, 4).
@@ -58,11 +61,8 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
     w = np.maximum(np.asarray(c.speed_factors or (1.0,) * c.num_gpus), 1.0)
     zero = np.zeros(cost.num_features)
     const = np.array([float(cost.time(zero, int(d), 0)) for d in tab.degrees])
-    L = cost.model.num_layers
-    per_tok = float(cost.memory(1.0, 1, L)) - cost.fixed_bytes()
     cap = np.array([max(cost.capacity(s, int(d)) for s in c.placements(int(d))) for d in deg])
-    k_tok = np.maximum(cap - cost.fixed_bytes(), 1e-30) * deg / per_tok
-    work = deg[None, :] * (tab.time_marginal + const[None, :] * tab.tokens[:, None] / k_tok)
+    work = deg[None, :] * (tab.time_marginal + _shares(cost, tab, cap))
     top = w.max()
     return _Data(
         tab.time / top,
@@ -72,6 +72,56 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
         deg,
         float(w.sum()),
         c.num_gpus,
+    )
+
+
+def _shares(cost: CostModel, tab, cap: np.ndarray) -> np.ndarray:
+    """(n, D) the least each sequence adds to a micro-batch beyond its marginal time: at
+    recompute level r (r >= its own r_min, else it does not fit) a micro-batch holds at most
+    K_d(r) tokens, so the sequence carries at least tok / K_d(r) of the empty micro-batch's
+    time E_d(r), and (r - r_min) more recomputed layers of its own, rec each; the least over
+    r. Every figure is the cost model's own (time_by_degree, memory), so subclasses hold too.
+    Time is affine in the features (table.py), so rec = features @ (the increment of one
+    more recomputed layer per unit feature): one cost call per feature, not per sequence."""
+    L = cost.model.num_layers
+    degrees = tab.degrees
+    deg = np.asarray(degrees, dtype=float)
+    nd, nf = len(degrees), cost.num_features
+    levels = np.arange(L + 1)
+    empty = cost.time_by_degree(
+        np.zeros((L + 1, nf)), degrees, np.broadcast_to(levels, (nd, L + 1))
+    )
+    per_tok = np.array([float(cost.memory(1.0, 1, r)) for r in levels]) - cost.fixed_bytes()
+    room = np.maximum(cap - cost.fixed_bytes(), 1e-30)
+    a = empty * per_tok[None, :] / (room * deg)[:, None]  # (D, L + 1): E_d(r) / K_d(r)
+    r0 = tab.r_min
+    ok = r0 >= 0
+    r0c = np.where(ok, r0, 0)
+    at_r0 = tab.tokens[:, None] * a[np.arange(nd)[None, :], r0c]
+    if L == 0:
+        return np.where(ok, at_r0, np.inf)
+    eye = np.eye(nf)
+    step = [cost.time_by_degree(eye, degrees, np.full((nd, nf), r)) for r in (0, 1)]
+    g = (step[1] - empty[:, 1:2]) - (step[0] - empty[:, 0:1])  # (D, F) per unit feature
+    rec = np.maximum(tab.feats @ g.T, 0.0)  # (n, D) one more recomputed layer of it
+    slopes = (empty[:, -1] - empty[:, 0]) * (per_tok[-1] - per_tok[0])
+    if _affine(empty) and _affine(per_tok[None, :]) and np.all(slopes <= 0):
+        # E_d(r) and the bytes per token are affine in r with slopes of opposite signs
+        # (recompute adds time and frees memory), so E_d(r) / K_d(r) is a concave quadratic
+        # in r and so is the whole term: its least on [r_min, L] is at an end
+        at_l = tab.tokens[:, None] * a[:, L][None, :] + (L - r0c) * rec
+        return np.where(ok, np.minimum(at_r0, at_l), np.inf)
+    v = tab.tokens[:, None, None] * a[None] + (levels - r0c[..., None]) * rec[..., None]
+    v[levels < r0c[..., None]] = np.inf
+    return np.where(ok, v.min(axis=2), np.inf)
+
+
+def _affine(x: np.ndarray) -> bool:
+    """Rows of x are affine in their index (second differences within rounding)."""
+    if x.shape[1] < 3:
+        return True
+    return bool(
+        np.all(np.abs(np.diff(x, 2, axis=1)) <= 1e-9 * np.abs(x).max(axis=1, keepdims=True))
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 from dcp_opt.solvers import get_planner
 from dcp_opt.solvers.common import finish
 from dcp_opt.solvers.greedy_rules import rule_plans
+from dcp_opt.solvers.lp_bound import lp_bound
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -200,3 +201,21 @@ def test_never_slower_than_a_simple_rule(name):
         )
 
     budgeted(name, prop)()
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_perturbed_bounds_are_below_any_valid_plan(dense):
+    """The analytic and the packing-aware LP bound stay below every valid plan (random tight
+    plans, many tiny sequences included) under every perturbation."""
+
+    @given(st.data())
+    def prop(data):
+        EXAMPLES[f"perturbed_bounds_below_any_valid_plan[{dense}]"] += 1
+        inst = data.draw(hs.perturbed_instances())
+        plan = data.draw(hs.valid_plans(inst, dense=dense))
+        sim = simulate(plan, inst.batch, inst.cost)
+        assert sim.step_time_s >= lower_bound(inst.batch, inst.cost).value_s * (1 - REL)
+        lp = lp_bound(inst.batch, inst.cost, upper_s=sim.step_time_s, time_limit_s=10.0)
+        assert sim.step_time_s >= lp.value_s * (1 - REL), (sim.step_time_s, lp)
+
+    prop()
