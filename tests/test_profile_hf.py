@@ -91,14 +91,12 @@ def test_user_model_is_left_unchanged():
 
 def test_attention_dropout_is_rejected():
     # The runtime's attention has no dropout (runtime.hf.dcp_attention); profiling a model
-    # that would train with it must fail rather than measure a different computation.
+    # that would train with it must fail rather than measure a different computation
+    # (parallelize_hf refuses it up front, issue 12).
     cfg = copy.deepcopy(_model().config)
     cfg.attention_dropout = 0.1
-    block = hf_target(cfg, dtype=torch.float64).blocks["layer"]
-    block.module.train()  # transformers applies attention dropout only in training mode
-    inputs = block.make_inputs([(4,), (3,)], dtype=torch.float64, device="cpu")
     with pytest.raises(ValueError, match="attention_dropout"):
-        block.forward(inputs)
+        hf_target(cfg, dtype=torch.float64)
 
 
 def test_spec_matches_the_hf_config():
