@@ -143,8 +143,9 @@ def form_steps_report(
     started = time.perf_counter()
     _check_args(stream, target_tokens, max_shift, tolerance, budget_s, max_evals)
     tokens = _tokens(stream)
-    lo = math.ceil((1 - tolerance) * target_tokens)
-    hi = math.floor((1 + tolerance) * target_tokens)
+    # the band in whole tokens; the slack keeps e.g. (1 - 0.3) x 10 = 7.000000000000001 at 7
+    lo = math.ceil((1 - tolerance) * target_tokens * (1 - 1e-12))
+    hi = math.floor((1 + tolerance) * target_tokens * (1 + 1e-12))
     _check_sizes(stream, tokens, hi, tolerance)
     if cost is not None:  # refused up front, naming the sample: no step could hold it
         cost.check_fits(Batch(tuple(stream)))

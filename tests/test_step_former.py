@@ -75,6 +75,13 @@ def test_repair_pulls_a_sample_forward():
         form_steps(stream, target_tokens=10, max_shift=0, tolerance=0.1)
 
 
+def test_band_edges_are_the_users():
+    # (1 - 0.3) x 10 is 7.000000000000001 in floating point; the band is still [7, 13]: three
+    # 7-token samples (each alone: 7 + 7 = 14 is 4 away from 10, 7 is 3) are in it at K = 0
+    stream = seqs([7, 7, 7])
+    assert form_steps(stream, target_tokens=10, max_shift=0, tolerance=0.3) == [[0], [1], [2]]
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
