@@ -1,5 +1,7 @@
-"""Hugging Face transformers integration: an unmodified `LlamaForCausalLM` (or any decoder
-whose attention goes through transformers' `AttentionInterface`) trained under DCP plans.
+"""Hugging Face transformers integration: an unmodified causal LM of a verified family
+(runtime/hf_layers.VERIFIED_FAMILIES: Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3, OLMo 2,
+GPT-NeoX, Qwen2/3-MoE, Mixtral, gpt-oss) trained under DCP plans exactly, or refused by
+`parallelize_hf` before anything changes (tests/test_hf_families.py).
 
 Nothing in the model changes class or parameter names:
 
@@ -10,7 +12,9 @@ Nothing in the model changes class or parameter names:
   sequence, runtime/attention.py:segment_attention), so packed
   sequences never see each other. transformers builds no mask for a registered function that
   has no mask function (masking_utils `_preprocess_mask_arguments` exits early), so the
-  packed layout is described only by the segment ids the task stores in `SPState`.
+  packed layout is described only by the segment ids the task stores in `SPState`. Every
+  kwarg the layer passes is honoured (scaling, the layer's own sliding window, softcap,
+  sinks) or refused (dcp_attention); parallelize_hf refuses such models up front.
 - positions: every token carries its position inside its own sequence (`position_ids`
   restart per packed sequence), so RoPE sees the positions single-device training sees.
 - recompute: the first `state.recompute_layers` decoder layers run under
