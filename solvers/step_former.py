@@ -46,7 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -101,7 +101,6 @@ class StepForming:
     proxy_start_s: float | None = None  # summed greedy time of the visited steps, at start
     proxy_end_s: float | None = None  # the same steps after the search
     wall_s: float = 0.0
-    stats: dict = field(default_factory=dict)
 
 
 def form_steps(
