@@ -193,6 +193,14 @@ def read(path) -> CheckpointInfo:
         raise DcpOptError(
             f"checkpoint {path}: version {manifest.get('version')!r}; allowed: {VERSION}"
         )
+    kinds = {"step": int, "world_size": int, "model": dict, "files": dict,
+             "optimizer_state_empty": bool}  # fmt: skip
+    for key, kind in kinds.items():
+        if not isinstance(manifest.get(key), kind):
+            raise DcpOptError(
+                f"checkpoint {path}: {MANIFEST} field {key!r} is {manifest.get(key)!r}; "
+                f"allowed: {kind.__name__}"
+            )
     return CheckpointInfo(path, manifest)
 
 

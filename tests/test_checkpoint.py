@@ -203,3 +203,16 @@ def test_loader_state_rejects_other_batches():
         b.load_state_dict({**state, "batches_done": None})
     with pytest.raises(DcpOptError, match="batching is"):
         DcpLoader(DATA, LENGTHS, cost_for(1), **{**kw, "max_tokens": 50}).load_state_dict(state)
+
+
+def test_a_damaged_manifest_is_named(tmp_path):
+    model, opt, loader, _ = build(1)
+    folder = checkpoint.save(tmp_path, model=model, optimizer=opt, loader=loader, step=1)
+    manifest = folder / checkpoint.MANIFEST
+    text = manifest.read_text()
+    manifest.write_text(text.replace('"step": 1', '"step": "one"'))
+    with pytest.raises(DcpOptError, match="field 'step' is 'one'; allowed: int"):
+        checkpoint.load(tmp_path, model=model, optimizer=opt, loader=loader)
+    manifest.write_text(text[: len(text) // 2])
+    with pytest.raises(DcpOptError, match="dcp_opt.json is not valid JSON"):
+        checkpoint.load(tmp_path, model=model, optimizer=opt, loader=loader)
