@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from .errors import DcpOptError, require
+from .topology.model import Topology
 
 GB = 1e9
 GIB = 2**30
@@ -24,6 +25,10 @@ class Cluster:
     Bandwidths are per GPU, in bytes/s, as one GPU sees them in an all-to-all:
     `intra_node_bw` over NVLink inside a node, `inter_node_bw` over the NIC across nodes.
     `speed_factors` / `memory_per_rank` describe mixed clusters (one entry per rank).
+    `topology`: the fabric as wired (dcp_opt.topology; its GPUs in rank order). With one,
+    group communication and the gradient ring come from its graph, and degrees and aligned
+    placements from its domains; the two bandwidth fields then only seed profiles. Without
+    one, the two-level model (intra/inter) as before.
     """
 
     name: str
@@ -38,6 +43,7 @@ class Cluster:
     speed_factors: tuple[float, ...] | None = None
     memory_per_rank: tuple[float, ...] | None = None
     degrees: tuple[int, ...] | None = field(default=None)
+    topology: Topology | None = None
 
     def __post_init__(self) -> None:
         # Types first: a cluster file (CLI --cluster, a hand-edited JSON) must fail here,
@@ -71,6 +77,7 @@ class Cluster:
             if isinstance(getattr(self, name), list):  # hashable, as a frozen dataclass should be
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         n = self.num_gpus
+        self._check_topology()
         for name in ("speed_factors", "memory_per_rank"):
             value = getattr(self, name)
             if value is not None:
@@ -95,6 +102,22 @@ class Cluster:
                 f"{bad or 'empty'} not allowed; allowed: {sorted(natural)}",
             )
 
+    def _check_topology(self) -> None:
+        if isinstance(self.topology, dict):  # from JSON
+            object.__setattr__(self, "topology", Topology.from_dict(self.topology))
+        require(
+            self.topology is None or isinstance(self.topology, Topology),
+            "cluster.topology",
+            f"must be a topology object or null, got {type(self.topology).__name__}",
+        )
+        if self.topology is not None:
+            require(
+                len(self.topology.gpus) == self.num_gpus,
+                "cluster.topology.gpus",
+                f"lists {len(self.topology.gpus)} GPUs; the cluster has num_nodes x "
+                f"gpus_per_node = {self.num_gpus}",
+            )
+
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
@@ -115,7 +138,19 @@ class Cluster:
         g, n = self.gpus_per_node, self.num_gpus
         out = {d for d in _powers_of_two(g) if g % d == 0} | {g}
         out |= {g * k for k in _powers_of_two(self.num_nodes)} | {n}
-        return sorted(out)
+        if self.topology is None:
+            return sorted(out)
+        # With a topology the fabric's domains bound the groups: an NVLink domain larger
+        # than a node adds its halvings (72, 36, 18, 9 on NVL72), every domain its whole
+        # multiples; a degree is kept when, for every domain size s, it divides s or s
+        # divides it, so that aligned groups never straddle a domain.
+        sizes = self.topology.domain_sizes
+        nvl = self.topology.nvlink_domain
+        if nvl > g:
+            out |= {nvl // 2**k for k in range(nvl.bit_length()) if nvl % 2**k == 0}
+        for s in sizes:
+            out |= {s * k for k in _powers_of_two(n // s)}
+        return sorted(d for d in out if all(s % d == 0 or d % s == 0 for s in sizes))
 
     @cached_property
     def allowed_degrees(self) -> tuple[int, ...]:
@@ -132,6 +167,31 @@ class Cluster:
 
     def spans_nodes(self, start: int, degree: int) -> bool:
         return self.node_of(start) != self.node_of(start + degree - 1)
+
+    def straddles(self, start: int, degree: int) -> bool:
+        """A group that would fit in one node (with a topology: one domain) but sits across
+        two: validate() refuses it."""
+        if self.topology is None:
+            return degree <= self.gpus_per_node and self.spans_nodes(start, degree)
+        return any(
+            degree <= s and start // s != (start + degree - 1) // s
+            for s in self.topology.domain_sizes
+        )
+
+    def comm_class(self, start: int, degree: int):
+        """What a group's communication time depends on besides its degree: whether it spans
+        nodes (two-level model), or with a topology its start modulo the fabric's period
+        (the start itself where no period is claimed). CostModel's `spans_nodes` argument."""
+        if self.topology is None:
+            return self.spans_nodes(start, degree)
+        from .topology.comm import canonical_class
+
+        p = self.topology.period
+        return canonical_class(self.topology, start % p if p else start, degree)
+
+    def comm_classes(self, degree: int) -> tuple[int, ...]:
+        """The distinct comm_class of the aligned placements of `degree`."""
+        return tuple(sorted({self.comm_class(s, degree) for s in self.placements(degree)}))
 
     def group_speed(self, start: int, degree: int) -> float:
         """A group runs at the pace of its slowest member."""
@@ -153,10 +213,14 @@ class Cluster:
         return self.speed_factors is None and self.memory_per_rank is None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         for k in ("speed_factors", "memory_per_rank", "degrees"):
             if d[k] is not None:
                 d[k] = list(d[k])
+        # absent, not null, without a topology: such a cluster's fingerprint is unchanged
+        topo = d.pop("topology")
+        if topo is not None:
+            d["topology"] = topo.to_dict()
         return d
 
     @classmethod
@@ -172,7 +236,18 @@ class Cluster:
 
     def with_(self, **changes) -> Cluster:
         d = self.to_dict()
+        d["topology"] = self.topology  # the same object: its graph and caches are kept
         d.update(changes)
+        n, g = d.get("num_nodes"), d.get("gpus_per_node")
+        n = n * g if _int(n) and _int(g) else self.num_gpus  # bad values: __post_init__ says
+        topo = d["topology"]
+        if "topology" not in changes and topo is not None and n != self.num_gpus:
+            require(
+                isinstance(n, int) and 1 <= n <= self.num_gpus,
+                "cluster.topology",
+                f"a fabric of {self.num_gpus} GPUs cannot hold {n}; give a topology",
+            )
+            d["topology"] = topo.first(n)  # the first n GPUs' part of the fabric
         return Cluster.from_dict(d)
 
 
@@ -217,15 +292,23 @@ CLUSTER_PRESETS: dict[str, Cluster] = {
 
 
 def cluster_preset(name: str) -> Cluster:
-    """A preset by name; `h200xN` for any N that is a multiple of 8 (or N <= 8) works too."""
+    """A preset by name; `h200xN` for any N that is a multiple of 8 (or N <= 8) works too;
+    fabrics with a topology (dcp_opt.topology.presets: gb200-nvl72, h100-superpod, ...)."""
     if name in CLUSTER_PRESETS:
         return CLUSTER_PRESETS[name]
+    if name.startswith(("gb200-", "h100-", "h100x64-")):
+        from .topology.presets import topology_preset
+
+        found = topology_preset(name)
+        if found is not None:
+            return found
     if name.startswith("h200x") and name[5:].isdigit():
         n = int(name[5:])
         if n >= 1 and (n <= 8 or n % 8 == 0):
             nodes, per = (1, n) if n <= 8 else (n // 8, 8)
             return Cluster(name, nodes, per, 141 * GB, 989e12, 450 * GB, 50 * GB)
     raise DcpOptError(
-        f"cluster: unknown preset {name!r}; allowed: {sorted(CLUSTER_PRESETS)} or h200xN "
-        "(N <= 8 or a multiple of 8)"
+        f"cluster: unknown preset {name!r}; allowed: {sorted(CLUSTER_PRESETS)}, h200xN "
+        "(N <= 8 or a multiple of 8), gb200-nvl72, gb200-nvl72xN (N racks), h100-superpod, "
+        "h100-superpod-4n, h100-fattree-2to1, h100x64-fattree-2to1"
     )

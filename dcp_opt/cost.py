@@ -383,6 +383,10 @@ class CostModel:
         # DeepSpeed-Ulysses eq. 1: each rank sends (d-1)/d of its T/d-token shard; under GQA
         # k and v go with fewer heads (model.ulysses_kv_heads)
         sent = self.a2a_bytes_per_token(d) * tokens / d * (d - 1) / d
+        if c.topology is not None:  # from the graph; spans_nodes holds comm classes
+            from .topology.comm import a2a_time  # (dcp_opt/topology/comm.py: model, sources)
+
+            return a2a_time(c, sent, d, spans_nodes, self.coeffs.a2a_calls_per_layer)
         spans = np.asarray(spans_nodes) & (d > 1)  # one GPU sends nothing
         if spans.any():  # the share of peers on other nodes goes at the NIC rate
             off = np.where(spans, (d - c.gpus_per_node) / np.maximum(d - 1, 1), 0.0)
@@ -406,7 +410,7 @@ class CostModel:
         `d` may be a column of degrees (D, 1): each part is then (D, n), one row per degree,
         and `recompute_layers`, `spans_nodes` and `speed` broadcast against it."""
         feats = np.asarray(feats, dtype=float)
-        if spans_nodes is None:
+        if spans_nodes is None and self.cluster.topology is None:  # None: per-degree default
             spans_nodes = np.asarray(d) > self.cluster.gpus_per_node
         fwd, bwd = self.layer_times(feats, d)
         tokens = feats[..., -2]
@@ -528,6 +532,11 @@ class CostModel:
             return self.step_overhead_s
         bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
         volume = self.model.total_params * self.grad_reduce_bytes_per_param
+        if c.topology is not None:  # the ring's most loaded link (dcp_opt/topology/comm.py)
+            from .topology.comm import ring_bottleneck
+
+            load, bw = ring_bottleneck(c.topology)
+            volume = volume * load
         return 2 * (n - 1) / n * volume / bw + self.step_overhead_s
 
     def check_fits(self, batch: Batch) -> None:

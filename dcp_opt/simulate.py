@@ -174,7 +174,7 @@ def _phase_parts(groups, feats, row, cost: CostModel):
         kinds.setdefault(
             (
                 g.degree,
-                cluster.spans_nodes(g.start_rank, g.degree),
+                cluster.comm_class(g.start_rank, g.degree),  # node span, or placement
                 cluster.group_speed(g.start_rank, g.degree),
             ),
             len(kinds),

@@ -98,8 +98,9 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
                         f"{where}: start {g.start_rank} is not a multiple of degree {g.degree}",
                     )
                 )
-            if g.degree <= c.gpus_per_node and c.spans_nodes(g.start_rank, g.degree):
-                out.append(Violation("NODE_STRADDLE", f"{where}: spans two nodes"))
+            if c.straddles(g.start_rank, g.degree):  # with a topology: its domains
+                what = "nodes" if c.topology is None else "fabric domains"
+                out.append(Violation("NODE_STRADDLE", f"{where}: spans two {what}"))
             for r in g.ranks:
                 if r in owner:
                     out.append(
