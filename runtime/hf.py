@@ -40,6 +40,7 @@ from .attention import segment_attention
 from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     Locator,
     UnsupportedModelError,
+    base_model,
     check_supported,
     find_layers,
     locate,
@@ -177,8 +178,7 @@ def register_attention() -> None:
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder layers of a transformers causal LM (`<base model>.layers`)."""
     find_layers(model)  # the same refusal as parallelize_hf for other layouts
-    base = getattr(model, "base_model", None) or getattr(model, "model", model)
-    return base.layers
+    return base_model(model).layers
 
 
 def parallelize_hf(model: nn.Module, state: SPState, *, locator: Locator | None = None):
@@ -195,7 +195,7 @@ def parallelize_hf(model: nn.Module, state: SPState, *, locator: Locator | None 
     # -- nothing below raises: from here on the model changes --
     for sub in model.modules():
         cfg = getattr(sub, "config", None)
-        if cfg is not None:  # the model's config and sub-configs of composite models
+        if hasattr(cfg, "_attn_implementation"):  # the model's config and sub-configs
             cfg._attn_implementation = ATTN_NAME
     model.config._attn_implementation = ATTN_NAME
     for index, (layer, attn) in enumerate(pairs):

@@ -51,10 +51,19 @@ class UnsupportedModelError(DcpOptError):
     """parallelize_hf refused a model before changing anything (a ValueError too)."""
 
 
+def base_model(model: nn.Module) -> nn.Module:
+    """transformers' `base_model` (the decoder under the LM head: `model.model`,
+    `model.gpt_neox`), else `model.model`, else the model itself."""
+    for name in ("base_model", "model"):
+        inner = getattr(model, name, None)
+        if isinstance(inner, nn.Module):
+            return inner
+    return model
+
+
 def find_layers(model: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
     """(decoder layer, its self-attention module) for every decoder layer, in order."""
-    base = getattr(model, "base_model", None) or getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
+    layers = getattr(base_model(model), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise UnsupportedModelError(
             f"model: {type(model).__name__} has no decoder layer list at "
