@@ -93,8 +93,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clusters", default="h200x8,h200x32")
+    ap.add_argument("--only", default=None, help="comma-separated variants (default: all)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    only = set(args.only.split(",")) if args.only else None
     t0 = time.perf_counter()
     rows = []
     for cname in args.clusters.split(","):
@@ -103,6 +105,8 @@ def main() -> None:
         for w in WORKLOADS:
             epoch = stream_epoch(w, args.seed, args.batches, 2 * MILLION)
             for name, cost in [*variants(cluster).items(), ("yaml-bucket", None)]:
+                if only is not None and name not in only:
+                    continue
                 c = cost or CostModel(model_preset("opensora-stdit3-xl"), cluster)
                 r = ratios(epoch, c, args.seed, yaml_bucket=cost is None)
                 ref = paper.get(w, paper.get("*", {}))

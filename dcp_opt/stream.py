@@ -14,6 +14,7 @@ framing misjudges them (the published sampler forms no step at all from one such
 - the project's planners run at fixed global batch sizes: the epoch is cut in data order into
   steps of `target` tokens (`<planner>@<size>`), and with the step former when it is built
   (`<planner>+former@<size>`: samples may move up to K steps, tokens per step within +-e);
+  greedy runs at every size, cpsat (short budget) only at `cpsat_sizes` (2M) in data order;
   the sizes are `step_sizes` plus the median step of published bucket and PAC;
 - every step is one optimizer step: simulate() of its plan, which ends with the gradient sync
   (the barrier). The epoch time is the sum over steps.
@@ -230,8 +231,9 @@ def run_published(epoch, cost, method, *, seed, drop_last, memory_cap, **kw) -> 
     return EpochRun(steps, times, pub.dropped, [per] * len(steps), bound)
 
 
-def run_fixed(epoch, cost, planner, steps, options, max_shift=0) -> EpochRun:
-    """A project planner on each given step (sequence ids); nothing is dropped."""
+def run_fixed(epoch, cost, planner, steps, options, max_shift=0, bound="compute") -> EpochRun:
+    """A project planner on each given step (sequence ids); nothing is dropped. `bound`: the
+    stream bound of these steps when already known (another planner on the same steps)."""
     from dcp_opt.solvers import get_planner
 
     fn = get_planner(planner)
@@ -244,7 +246,9 @@ def run_fixed(epoch, cost, planner, steps, options, max_shift=0) -> EpochRun:
         if res.plan is None or not res.ok:
             raise DcpOptError(f"{planner}: no plan for a step ({res.status}: {res.message})")
         times.append(res.predicted_step_time_s)
-    return EpochRun(steps, times, [], walls, _bound(epoch, cost, steps, max_shift))
+    if bound == "compute":
+        bound = _bound(epoch, cost, steps, max_shift)
+    return EpochRun(steps, times, [], walls, bound)
 
 
 def _bound(epoch, cost, steps, max_shift, lp: bool = True) -> float | None:
@@ -329,6 +333,7 @@ def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
     if not config.planners:
         return out
     k, e = config.former_max_shift, config.former_tolerance
+    bounds: dict = {}
     for target, label in _targets(config, rows).items():
         data_steps = data_order_steps(epoch, target)
         try:
@@ -344,11 +349,13 @@ def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
                 continue
             opts = {"time_limit_s": config.cpsat_budget_s} if planner == "cpsat" else {}
             variants = [("", data_steps, 0)]
-            if former is not None:
-                variants.append(("+former", former, config.former_max_shift))
-            for tag, steps, k in variants:
+            if former is not None and planner != "cpsat":  # cpsat: data order only (time)
+                variants.append(("+former", former, k))
+            for tag, steps, shift in variants:
                 name = f"{planner}{tag}@{label}"
-                run = run_fixed(epoch, cost, planner, steps, opts, max_shift=k)
+                known = bounds.get((target, tag), "compute")  # one bound per set of steps
+                run = run_fixed(epoch, cost, planner, steps, opts, shift, bound=known)
+                bounds[(target, tag)] = run.bound_s
                 out.append(
                     method_row(
                         workload, name, run, epoch, family="project", planner=planner,
@@ -457,9 +464,11 @@ def run_stream(
     cluster = load_cluster(config.cluster)
     make_cost = make_cost or (lambda m, c: CostModel(m, c))
     costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}
+    cheap = [p for p in config.planners if p != "cpsat"]  # + the 2 published median sizes
     per_workload = (
         len(config.published) * (2 if config.nodrop else 1)
-        + len(config.planners) * (len(config.step_sizes) + 2) * 2
+        + len(cheap) * (len(config.step_sizes) + 2) * 2
+        + ("cpsat" in config.planners) * len(config.cpsat_sizes)
     )
     on_start(per_workload * len(config.workloads))
     epochs, rows, notes = [], [], []
