@@ -6,10 +6,14 @@ per property so a failure names its property and the runs share the cores.
 
     .venv/bin/python scripts/nightly.py --jobs 2 --out nightly/          # about 4-5 CPU-hours
     .venv/bin/python scripts/nightly.py -k "cpsat or brute" --out nightly/
+    .venv/bin/python scripts/nightly.py --mutation --out nightly/    # + mutation testing
+    .venv/bin/python scripts/nightly.py --mutation validate cost -k nothing_else --out nightly/
 
 Writes one log per property and `summary.json` (rc, wall seconds, examples run: hypothesis'
 own statistics for a plain @given, the counts tests/test_properties.py writes to
 $DCP_EXAMPLE_COUNTS for the per-planner properties), and prints a table. Exit 1 if any failed.
+With --mutation (optional, never in CI) it then runs scripts/mutation.py on the named modules
+(all without names) into OUT/mutation/ and adds its per-module scores to summary.json.
 Run it on a checkout nobody edits meanwhile: a process that imports a module after it changed
 mixes versions.
 """
@@ -34,6 +38,7 @@ FILES = (
     "tests/test_step_former.py::test_former_keeps_bounds_and_the_bound_holds",
     "tests/test_robust.py::test_perturbed_plan_is_valid_and_at_least_the_bound",
     "tests/test_robust.py::test_never_slower_than_a_simple_rule",
+    "tests/test_bounds.py::test_bound_is_never_above_the_optimum_on_mixed_clusters",
 )
 
 
@@ -71,17 +76,34 @@ def examples(log: str, counts: Path) -> int | None:
     return sum(found) if found else None
 
 
+def mutation(modules: list[str], out: Path, jobs: int) -> dict:
+    """scripts/mutation.py on `modules` (every module if empty): its summary, and its rc."""
+    cmd = [sys.executable, "scripts/mutation.py", "--out", str(out), "--jobs", str(jobs)]
+    cmd += ["--modules", *modules] if modules else []
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    print(proc.stdout, end="")
+    summary = out / "summary.json"
+    doc = json.loads(summary.read_text()) if summary.exists() else {}
+    return {"rc": proc.returncode, "stderr": proc.stderr[-2000:], **doc}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel pytests")
     p.add_argument("--out", default="nightly", help="folder for logs and summary.json")
     p.add_argument("-k", dest="keyword", help="pytest -k expression to run a subset")
     p.add_argument("--profile", default="nightly", help="hypothesis profile (ci: a smoke run)")
+    p.add_argument(
+        "--mutation",
+        nargs="*",
+        metavar="MODULE",
+        help="also run scripts/mutation.py (all: no names)",
+    )
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tests = collect(args.keyword)
-    if not tests:
+    if not tests and args.mutation is None:
         print("nightly: no test collected", file=sys.stderr)
         return 2
     commit = subprocess.run(
@@ -91,6 +113,8 @@ def main() -> int:
         rows = list(pool.map(lambda t: run_one(t, out, args.profile), tests))
     failed = [r for r in rows if r["rc"] != 0]
     doc = {"commit": commit, "profile": args.profile, "rows": rows, "failed": len(failed)}
+    if args.mutation is not None:
+        doc["mutation"] = mutation(args.mutation, out / "mutation", args.jobs)
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
     for r in rows:
         status = "PASS" if r["rc"] == 0 else f"FAIL rc={r['rc']}"
@@ -98,7 +122,10 @@ def main() -> int:
     print(
         f"{len(rows) - len(failed)}/{len(rows)} passed at {commit} ({args.profile}); logs in {out}"
     )
-    return 1 if failed else 0
+    broken = args.mutation is not None and doc["mutation"]["rc"] != 0
+    if broken:
+        print(f"mutation run failed: {doc['mutation']['stderr']}", file=sys.stderr)
+    return 1 if failed or broken else 0
 
 
 if __name__ == "__main__":
