@@ -121,6 +121,9 @@ class Sharding:
     units: list
     sample: object  # the closing micro-step's sample
     dtype: str | None
+    # Called with this Sharding after the plan's last micro-batch, before the world reduces:
+    # the step's peak of model states (benchmarks/bench_memory.py measures there).
+    probe: Callable | None = None
 
     def check_plan(self, plan) -> None:
         """Fail (on every rank alike: they hold the same plan) if the plan was made for
@@ -146,6 +149,8 @@ class Sharding:
     def finish_step(self, task, state: SPState, *, step: int, kind: str, loss: torch.Tensor):
         """Reduce the gradients over the world, step the optimizer, zero the gradients and
         free the gathered parameters. Returns the loss summed over the world."""
+        if self.probe is not None:
+            self.probe(self)
         if self.mode != "none":
             for u in self.units:
                 u.set_requires_gradient_sync(True, recurse=False)
@@ -217,3 +222,39 @@ def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:
         for g in bucket:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+def held_bytes(sharding: Sharding) -> dict[str, int]:
+    """Model-state bytes this rank holds now, from tensor storage (each storage counted once):
+    fp32 master shards (`params`), the gathered compute copy (`compute`), gradients (sharded,
+    or FSDP2's unsharded accumulators during a step) and optimizer state. Reads FSDP2's
+    per-parameter records (torch 2.13 `FSDPParam`): the one place that holds the gathered
+    buffers and accumulators."""
+    seen: set[int] = set()
+
+    def size(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if t is None or not torch.is_tensor(t):
+                continue
+            t = t.to_local() if hasattr(t, "to_local") else t
+            st = t.untyped_storage()
+            if st.nbytes() and st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                total += st.nbytes()
+        return total
+
+    fps = []
+    for u in sharding.units:
+        group = u._get_fsdp_state()._fsdp_param_group
+        fps += group.fsdp_params if group is not None else []
+    out = {"params": size(fp.sharded_param for fp in fps)}
+    out["compute"] = size(t for fp in fps for t in fp.all_gather_outputs)
+    grads = [fp.sharded_param.grad for fp in fps] + [fp.unsharded_accumulated_grad for fp in fps]
+    grads += [fp._unsharded_param.grad for fp in fps if hasattr(fp, "_unsharded_param")]
+    out["grads"] = size(grads)
+    state = sharding.optimizer.state.values()
+    out["optimizer"] = size(
+        v for st in state for v in st.values() if torch.is_tensor(v) and v.dim()
+    )
+    return out

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
-from dcp_opt.runtime.sharding import Sharding, ShardingModeError, shard
+from dcp_opt.runtime.sharding import Sharding, ShardingModeError, held_bytes, shard
 from dcp_opt.runtime.testing import DistWorkers
 from dcp_opt.solvers import run_planner
 
@@ -166,7 +166,7 @@ def all_cases(world: int) -> list:
         for name in ("greedy", "bucket", "dcp_inter_pac"):
             made.append((name, run_planner(name, BATCH, cost).plan, BATCH, cost))
         made.append(("uneven", uneven_plan(world, mode), BATCH, cost_for(world, mode)))
-        for k in range(2):
+        for k in range(1):  # one per mode: four random plans per world
             batch = Batch.from_lengths([int(x) for x in rng.integers(1, 12, rng.integers(1, 7))])
             plan = random_plan(rng, batch, cost_for(world, mode))
             made.append((f"random{k}", plan, batch, cost_for(world, mode)))
@@ -190,6 +190,55 @@ def test_one_training_step_equals_single_process_adamw(workers):
     counts = sorted(len(g.micro_batches) for ph in uneven.phases for g in ph.groups)
     assert counts[-1] == 5 and 1 in counts and 0 in counts  # 1 vs 5 micro-batches, an idle rank
     check_cases(workers, cases)
+
+
+# ---- memory --------------------------------------------------------------------------------
+MEM_CFG = LMConfig(vocab_size=64, hidden=32, num_heads=4, num_layers=2, ffn_hidden=64)
+
+
+def job_held_bytes(ctx, cases: list):
+    """Per (plan JSON, batch dict, mode): two bf16 steps; held_bytes at step 2's peak (the
+    optimizer state exists from step 1)."""
+    out = []
+    for plan_json, batch_dict, mode in cases:
+        plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+        torch.manual_seed(0)
+        model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
+        parallelize(model, state)
+        sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
+        data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+        seen: dict = {}
+        for step in range(2):
+            sh.probe = None
+            if step:
+                sh.probe = lambda s, seen=seen: seen.update(held_bytes(s))
+            execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=step,
+                         sharding=sh)  # fmt: skip
+        out.append(seen)
+    return out
+
+
+def test_bf16_model_states_equal_the_cost_model(workers):
+    """bf16 weights gathered 2 B + fp32 accumulator 4 B + fp32 master and moments 12 B (/N
+    when sharded) per parameter, counted from tensor storage on every rank, within 1%."""
+    n = sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
+    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(n))
+    world = workers.world_size
+    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
+    cases, costs = [], []
+    for mode in SHARDING_MODES:
+        cost = CostModel(spec, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
+        plan = run_planner("greedy", batch, cost).plan
+        cases.append((plan.to_json(), batch.to_dict(), mode))
+        costs.append(cost)
+    by_rank = workers.run(job_held_bytes, cases)
+    for k, cost in enumerate(costs):
+        share = 1 if cost.optimizer_sharding == "none" else world
+        for held in (out[k] for out in by_rank):
+            assert held["compute"] == 2 * n and held["grads"] == 4 * n  # full, every mode
+            assert abs((held["params"] + held["optimizer"]) / (12 * n / share) - 1) <= 0.01
+            total = sum(held.values())
+            assert abs(total / cost.model_state_bytes() - 1) <= 0.01, (cost, held)
 
 
 # ---- bad input -----------------------------------------------------------------------------
