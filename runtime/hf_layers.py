@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from torch import nn
 
 from dcp_opt.errors import DcpOptError
+from dcp_opt.hf_spec import attention_windows
 
 # config.model_type of the families verified by tests/test_hf_families.py: their attention
 # functions receive only the kwargs runtime/hf.py honours (scaling, dropout, sliding_window,
@@ -119,6 +120,10 @@ def check_supported(model: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) 
             "its attention kwargs and masks are not verified against single-process training",
         )
     _check_stray_attention(model, pairs)
+    try:  # windows the layers use: integers >= 1, layer types sliding or full only
+        attention_windows(cfg)
+    except DcpOptError as e:
+        raise UnsupportedModelError(str(e)) from None
     for i, (_, attn) in enumerate(pairs):
         p = getattr(attn, "attention_dropout", getattr(cfg, "attention_dropout", 0.0))
         p = getattr(p, "p", p)  # GPT-NeoX keeps an nn.Dropout

@@ -138,6 +138,7 @@ MATRIX = {
         None,
         "attention_dropout",
     ),
+    "mistral/window 0": ("MistralConfig", {"sliding_window": 0}, "sdpa", None, "sliding_window"),
     "gemma3/bidirectional": (
         "Gemma3TextConfig",
         {"head_dim": 8, "use_bidirectional_attention": True, **ALTERNATE},
