@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --model hf-llama
+    torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --sharding zero2 --dtype bf16
     torchrun --nproc_per_node 2 examples/train_lm.py --steps 20 --checkpoint-dir ckpt \
         --checkpoint-every 5         # run it again: it resumes from ckpt by itself
 
@@ -27,6 +28,9 @@ from dcp_opt.runtime import GroupPool, LMConfig, LMTask, SPState, TinyLM, execut
 from dcp_opt.runtime.data import DcpLoader
 from dcp_opt.runtime.launch import cpu_cost_model, init_distributed
 from dcp_opt.runtime.models import model_spec
+from dcp_opt.runtime.sharding import shard
+
+from dcp_opt.cost import SHARDING_MODES
 
 
 class ProgressionDataset(torch.utils.data.Dataset):
@@ -60,6 +64,15 @@ def parse_args():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=("tiny", "hf-llama"), default="tiny")
     ap.add_argument("--checkpoint-dir", help="save here; resume from here when it holds one")
+    ap.add_argument(
+        "--sharding", choices=SHARDING_MODES, default=None,
+        help="run under dcp_opt.runtime.sharding (FSDP2; the optimizer step inside the step); "
+        "default: a plain replica and a separate AdamW step",
+    )  # fmt: skip
+    ap.add_argument(
+        "--dtype", choices=("fp32", "bf16"), default="fp32",
+        help="bf16: bf16 compute, fp32 gradients and master weights (needs --sharding)",
+    )  # fmt: skip
     ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between saves")
     return ap.parse_args()
 
@@ -84,6 +97,10 @@ def build_model(args, cfg: LMConfig, state: SPState, world: int):
 
 def main():
     args = parse_args()
+    if args.dtype == "bf16" and not args.sharding:
+        raise SystemExit(
+            "--dtype: bf16 needs --sharding; allowed: --sharding none|zero1|zero2|zero3"
+        )
     rank, world = init_distributed()
     torch.manual_seed(args.seed)  # same initial weights on every rank
     cfg = LMConfig(vocab_size=64, hidden=64, num_heads=4, num_layers=2, ffn_hidden=128)
@@ -93,7 +110,15 @@ def main():
     pool = GroupPool.create()  # every process group a plan may use, once
     state = SPState()
     model, task, cost = build_model(args, cfg, state, world)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sharding = None
+    if args.sharding:  # plan for the mode that runs; shard, then build AdamW over the shards
+        cost = cost.with_(optimizer_sharding=args.sharding)
+        dtype = "bf16" if args.dtype == "bf16" else None
+        sharding = shard(model, lambda ps: torch.optim.AdamW(ps, lr=args.lr),
+                         mode=args.sharding, pool=pool, task=task, dtype=dtype)  # fmt: skip
+        opt = sharding.optimizer
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = DcpLoader(dataset, dataset.lengths, cost, batch_size=args.batch_size,
                        planner=args.planner, seed=args.seed)  # fmt: skip
     step = 0
@@ -103,10 +128,12 @@ def main():
             print(f"resumed from {args.checkpoint_dir} at step {step}", flush=True)
     while step < args.steps:
         for b in loader:
-            opt.zero_grad(set_to_none=True)
+            if sharding is None:
+                opt.zero_grad(set_to_none=True)
             report = execute_step(b.plan, task, model, b.samples, pool=pool, state=state,
-                                  step=step)  # fmt: skip
-            opt.step()
+                                  step=step, sharding=sharding)  # fmt: skip
+            if sharding is None:  # under sharding, execute_step did the optimizer step
+                opt.step()
             if rank == 0:
                 print(
                     f"step {step:3d} | {b.describe()} | predicted "
