@@ -294,3 +294,51 @@ def test_grad_equiv_several_gradient_buckets(workers, kind):
             assert sent == num_params
         else:
             assert 1 < sent < num_params
+
+
+def job_report(ctx, plan_json: str, batch_dict: dict):
+    """One LM step; the StepReport and the SP state left behind."""
+    plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+    model, state = make_model("1d", 3), SPState()
+    parallelize(model, state)
+    data = make_data("1d", batch, 3)
+    report = execute_step(plan, TASKS["1d"], model, data, pool=ctx.pool, state=state, step=0)
+    return report, (state.sp.degree, state.recompute_layers)
+
+
+def test_step_report_lists_this_ranks_micro_batches(workers):
+    batch, cost = planner_case("1d", workers.world_size)
+    plan = run_planner("greedy", batch, cost).plan
+    for rank, (report, left) in enumerate(workers.run(job_report, plan.to_json(), batch.to_dict())):
+        want = [
+            (p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers)
+            for p, phase in enumerate(plan.phases)
+            for g in phase.groups
+            if rank in g.ranks
+            for k, mb in enumerate(g.micro_batches)
+        ]
+        got = [
+            (m.phase, m.start_rank, m.degree, m.index, m.sequence_ids, m.recompute_layers)
+            for m in report.micro_batches
+        ]
+        assert got == want, rank
+        seconds = [m.seconds for m in report.micro_batches]
+        assert all(x > 0 for x in seconds)
+        assert sum(seconds) + report.grad_sync_s <= report.step_time_s
+        assert report.grad_sync_s > 0 and report.check_s > 0
+        assert report.predicted_step_time_s == plan.predicted_step_time_s
+        assert report.summary() == {
+            "loss": report.loss,
+            "step_time_s": report.step_time_s,
+            "grad_sync_s": report.grad_sync_s,
+            "predicted_step_time_s": plan.predicted_step_time_s,
+            "num_micro_batches": len(want),
+        }
+        assert left == (1, 0)  # the state is back to single-process, no recompute
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "25"])
+def test_bucket_bytes_must_be_a_positive_integer(bad):
+    # Checked before anything else: no process group is needed to be refused.
+    with pytest.raises(ValueError, match=r"bucket_bytes: .*; allowed: an integer >= 1"):
+        execute_step(None, None, None, {}, pool=None, state=None, step=0, bucket_bytes=bad)

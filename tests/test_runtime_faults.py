@@ -105,12 +105,16 @@ def test_rank_failing_mid_step_fails_every_rank(workers, how):
 
 @dataclass(frozen=True)
 class OOMTask:
-    """LMTask whose micro-batch holding sequence `at` runs out of memory on every rank."""
+    """LMTask whose micro-batch holding sequence `at` runs out of memory on every rank: as
+    torch.OutOfMemoryError, or as the plain RuntimeError some allocators raise."""
 
     at: int
+    plain: bool = False
 
     def run(self, model, samples, state, **kw):
         if any(sid == self.at for sid, _ in samples):
+            if self.plain:
+                raise RuntimeError("HIP error: Out Of Memory while allocating 2.00 GiB")
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return LMTask().run(model, samples, state, **kw)
 
@@ -129,13 +133,25 @@ def job_oom(ctx, plan_json: str, task):
     return "no error"
 
 
-def test_out_of_memory_names_the_plan_entry(workers):
+@pytest.mark.parametrize("plain", [False, True], ids=["OutOfMemoryError", "RuntimeError"])
+def test_out_of_memory_names_the_plan_entry(workers, plain):
     # Micro-batches run in order (0, 2, 1): sequence 2 is micro-batch 1 of the degree-2 group.
     plan = plan_for((0, 2, 1)).to_json()
-    for message in workers.run(job_oom, plan, OOMTask(2)):
+    for rank, message in enumerate(workers.run(job_oom, plan, OOMTask(2, plain))):
+        assert message.startswith(f"rank {rank}: out of memory in phase 0, group ranks 0..1 ")
         assert "phase 0, group ranks 0..1 (degree 2), micro-batch 1" in message
         assert "sequences [2], recompute_layers 0" in message
-        assert "usable_memory_fraction" in message and "OutOfMemoryError" in message
+        assert "usable_memory_fraction" in message
+        cause = "RuntimeError: HIP error" if plain else "OutOfMemoryError: CUDA out of memory"
+        assert cause in message
+
+
+def test_other_errors_are_not_reported_as_out_of_memory(workers):
+    plan = plan_for((0, 2, 1)).to_json()
+    with pytest.raises(RuntimeError, match="worker failure"):
+        workers.run(job_oom, plan, FailOnRank(0, 2), wait_s=60.0)
+    assert "injected failure" in workers.errors[0]
+    assert "MicroBatchOutOfMemoryError" not in workers.errors[0]
 
 
 # ---- failures elsewhere: during the gradient sum, in a later phase, away from rank 0 ------
