@@ -76,10 +76,10 @@ class Pools:
     def __init__(self):
         self.pools: dict[int, DistWorkers] = {}
 
-    def run(self, world: int, *args):
+    def run(self, world: int, *args, job=None):
         if world not in self.pools:
             self.pools[world] = DistWorkers(world, timeout_s=60.0)
-        return self.pools[world].run(job_train, *args)
+        return self.pools[world].run(job or job_train, *args)
 
     def close(self):
         for w in self.pools.values():
@@ -216,3 +216,81 @@ def test_a_damaged_manifest_is_named(tmp_path):
     manifest.write_text(text[: len(text) // 2])
     with pytest.raises(DcpOptError, match="dcp_opt.json is not valid JSON"):
         checkpoint.load(tmp_path, model=model, optimizer=opt, loader=loader)
+
+
+# ---- sharded models (runtime/sharding.py) ------------------------------------------------------
+def sharded_cost(world: int, mode: str, fit_tokens: float = 15.0):
+    """cost_for's cluster (memory for `fit_tokens` tokens at degree 1) under `mode`."""
+    from dcp_opt import Cluster, CostModel
+
+    base = CostModel(
+        SPEC, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), optimizer_sharding=mode
+    )
+    per_token = float(base.memory(1, 1, 0)) - base.fixed_bytes()
+    memory = (base.fixed_bytes() + fit_tokens * per_token) / base.usable_memory_fraction
+    return CostModel(SPEC, base.cluster.with_(memory_bytes=memory), optimizer_sharding=mode)
+
+
+def job_train_sharded(ctx, ckdir, mode, stop, save_at, resume, init_seed):
+    """`train` under shard(mode): the optimizer steps inside execute_step on FSDP2 shards;
+    checkpoint.save / load get the sharded model and optimizer as they are."""
+    from dcp_opt.runtime.sharding import shard
+
+    torch.manual_seed(init_seed)
+    state = SPState()
+    model = parallelize(TinyLM(LM_CFG).double(), state)
+    sh = shard(model, lambda ps: torch.optim.AdamW(ps, lr=0.05), mode=mode, pool=ctx.pool,
+               task=LMTask())  # fmt: skip
+    cost = sharded_cost(ctx.world_size, mode)
+    loader = DcpLoader(DATA, LENGTHS, cost, batch_size=4, planner="greedy", seed=5)
+    kw = dict(model=sh.model, optimizer=sh.optimizer, loader=loader)
+    step = checkpoint.load(ckdir, **kw) if resume else 0
+    log = []
+    while step < stop:
+        for b in loader:
+            execute_step(b.plan, LMTask(), sh.model, b.samples, pool=ctx.pool, state=state,
+                         step=step, sharding=sh)  # fmt: skip
+            log.append((b.epoch, b.step, sorted(b.plan.sequence_ids())))
+            step += 1
+            if step in save_at:
+                checkpoint.save(ckdir, step=step, **kw)
+            if step == stop:
+                break
+        else:
+            loader.set_epoch(loader.epoch + 1)
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in sh.model.parameters()]
+    return log, [p.detach().clone() for p in full]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_sharded(pools, tmp_path_factory):
+    """(mode, world) -> (checkpoint dir after SAVE_AT steps, log, final full parameters)."""
+    out = {}
+
+    def get(mode: str, world: int):
+        if (mode, world) not in out:
+            ckdir = tmp_path_factory.mktemp(f"ckpt_{mode}_w{world}")
+            args = (str(ckdir), mode, STOP, (SAVE_AT,), False, 0)
+            (log, params), *_ = pools.run(world, *args, job=job_train_sharded)
+            out[(mode, world)] = (ckdir, log, params)
+        return out[(mode, world)]
+
+    return get
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    ("mode", "saved", "resumed"),
+    [("zero3", 2, 2), ("zero3", 2, 3), ("zero1", 4, 2), ("none", 2, 3)],
+)
+def test_sharded_training_resumes_on_any_world(pools, uninterrupted_sharded, mode, saved, resumed):
+    # FSDP2 shards (DTensor parameters and optimizer states) are saved as they are and
+    # resharded by DCP for the new world; `none` is a replica on per-rank one-rank meshes.
+    ckdir, log, want = uninterrupted_sharded(mode, saved)
+    args = (str(ckdir), mode, STOP, (), True, 1)
+    (got_log, got), *_ = pools.run(resumed, *args, job=job_train_sharded)
+    assert got_log == log[SAVE_AT:]
+    err = max_relative_error(got, want)
+    if saved == resumed:
+        assert err == 0.0 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert err <= 1e-9, err
