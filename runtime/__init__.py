@@ -18,6 +18,7 @@ from .executor import (
 from .groups import GroupPool, runtime_cluster
 from .models import DiTConfig, LMConfig, TinyDiT, TinyLM
 from .parallelize import SPState, parallelize
+from .sharding import Sharding, ShardingModeError, shard
 from .sp import SPGroup, all_to_all, ulysses_attention
 from .tasks import DiffusionTask, LMTask, seeded_generator
 
@@ -31,6 +32,8 @@ __all__ = [
     "PlanMismatchError",
     "SPGroup",
     "SPState",
+    "Sharding",
+    "ShardingModeError",
     "StepReport",
     "TinyDiT",
     "TinyLM",
@@ -40,6 +43,7 @@ __all__ = [
     "parallelize",
     "runtime_cluster",
     "seeded_generator",
+    "shard",
     "sum_gradients",
     "ulysses_attention",
 ]
