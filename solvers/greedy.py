@@ -33,7 +33,7 @@ from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
 from .common import finish, gc_paused
-from .greedy_rules import rules
+from .greedy_rules import RULE_NAMES, rules, spec_bound
 from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import them here)
     Draft,
     Instance,
@@ -423,8 +423,10 @@ def _rule_stage(inst: Instance, cluster, kept: _Kept) -> None:
     the best so far: so the plan is never slower than a rule a user could write down."""
     for k, (how, lb, build) in enumerate(rules(inst, cluster)):
         if lb < kept.best:
-            rank = (2.5, k)
-            kept.keep(rule_draft(inst, cluster, build(), cutoff=kept.cutoff(rank)), how, rank)
+            spec = build()
+            if spec_bound(inst, cluster, spec) < kept.best:  # its own groups' degrees
+                rank = (2.5, k)
+                kept.keep(rule_draft(inst, cluster, spec, cutoff=kept.cutoff(rank)), how, rank)
 
 
 def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draft | None:
@@ -441,7 +443,7 @@ def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draf
 
 def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     """The candidate `how` (a Draft.how) on another instance."""
-    if how[0] in ("fit-smallest", "long-smallest", "long-first", "longest-first"):
+    if how[0] in RULE_NAMES:
         rule = next((r for r in rules(inst, cluster) if r[0] == how), None)
         return None if rule is None else rule_draft(inst, cluster, rule[2]())
     if how[0] == "uniform":

@@ -14,7 +14,9 @@ sequence fits at (the "base" degree), with T the analytic bound's finish:
 - long-first(j): the same long sequences run first, one after another on the widest group
   (phase 0, as CP-SAT's model has it), then every rank re-forms into degree-j groups;
 - longest-first(m), m = 1..4: the m longest sequences first on the widest group, then the
-  greedy's own degrees and layout for the rest within what is left of T.
+  greedy's own degrees and layout for the rest within what is left of T;
+- longest-smallest(m, j): the m longest first, then long-smallest(j) for the rest within
+  what is left of T.
 Each is assigned longest first with the greedy's packing; a sequence whose preferred group
 would finish after T goes to the group that finishes it first (greedy.assign).
 A rule runs unless its lower bound (the packed work of its groups' degrees over the ranks,
@@ -33,40 +35,51 @@ import numpy as np
 from .greedy_steps import Instance, layout, place, preferred_degrees
 
 TOP_FIRST = 4  # longest-first(m) for m = 1..TOP_FIRST
+RULE_NAMES = ("fit-smallest", "long-smallest", "long-first", "longest-first", "longest-smallest")
 
 
 def rules(inst: Instance, cluster) -> list[tuple[tuple, float, Callable[[], tuple]]]:
-    """(how, lower bound, build) of every rule with a distinct preference; build() gives
-    (phase0, base, pref, placed), made only for the rules that run. `pref` covers every
-    sequence; long-first's phase-0 sequences have pref -1."""
+    """(how, lower bound, build) of every rule; build() gives (phase0, base, pref, placed),
+    made only for the rules that run (greedy._rule_stage). `pref` covers every sequence;
+    the phase-0 sequences of long-first and longest-first have pref -1."""
     t = inst.time
     fits, minfit, smallest, long_all = inst.memo("rule_tables", lambda: _tables(inst))
+    lb_fit, lb_long = inst.memo("rule_bounds", lambda: _stay_bounds(inst, cluster))
     dmax = len(inst.degrees) - 1
-    # per base degree, whether any sequence moves (one pass over the table, not one per j)
-    any_misfit, n_long = (~fits).any(axis=0).tolist(), long_all.sum(axis=0).tolist()
-    out, seen = [], set()
+    n_misfit, n_long = (~fits).sum(axis=0).tolist(), long_all.sum(axis=0).tolist()
+    out = []
     for j in np.flatnonzero(inst.usable).tolist():
         if not n_long[j]:  # nothing moves: static(j), the uniform layout, covers it
             continue
+        if n_misfit[j] and n_misfit[j] < n_long[j]:  # (equal counts: the same sets)
+            moved = ~fits[:, j]
+            out.append((("fit-smallest", j), lb_fit[j], _single(inst, cluster, moved, minfit, j)))
         long = long_all[:, j]
-        misfit = ~fits[:, j]
-        for name, moved, to in (
-            ("fit-smallest", misfit if any_misfit[j] else None, minfit),
-            ("long-smallest", long, smallest),
-        ):
-            if moved is None:
-                continue
-            pref = np.where(moved, to, j)
-            key = pref.tobytes()
-            if key not in seen:
-                seen.add(key)
-                lb = _bound(inst, cluster, [j, *np.unique(to[moved]).tolist()])
-                out.append(((name, j), lb, _single(inst, cluster, pref, j)))
+        out.append((("long-smallest", j), lb_long[j], _single(inst, cluster, long, smallest, j)))
         if n_long[j] < len(long) and fits[long, dmax].all():
             base = float(t[long, dmax].sum())
             lb = base + _bound(inst, cluster, [j], np.flatnonzero(~long))
             out.append((("long-first", j), lb, _long_first(inst, cluster, j, long, dmax, base)))
     return out + _longest_first(inst, cluster, dmax)
+
+
+def _stay_bounds(inst: Instance, cluster) -> tuple[np.ndarray, np.ndarray]:
+    """(D,) bounds of fit-smallest(j) and long-smallest(j) for every j at once: the
+    sequences that stay run at j, the moved ones at their best degree (packed work over the
+    ranks, or the longest); 0 where groups may run at other speeds."""
+    if not cluster.homogeneous:
+        z = np.zeros(len(inst.degrees))
+        return z, z
+    w = _work_table(inst)
+    t = inst.time
+    best_w, best_t = w.min(axis=1)[:, None], t.min(axis=1)[:, None]
+    fits, _, _, long_all = inst.memo("rule_tables", lambda: _tables(inst))
+    out = []
+    for stay in (fits, ~long_all):
+        work = np.where(stay, w, best_w).sum(axis=0)
+        longest = np.where(stay, t, best_t).max(axis=0)
+        out.append(np.maximum(work / inst.num_gpus, longest))
+    return out[0], out[1]
 
 
 def _longest_first(inst: Instance, cluster, dmax: int) -> list:
@@ -92,7 +105,39 @@ def _longest_first(inst: Instance, cluster, dmax: int) -> list:
         top = np.zeros(len(order), dtype=bool)
         top[order[:m]] = True
         out.append((("longest-first", m), base + rest, _top_first(inst, cluster, top, dmax, base)))
+        out += _top_then_rule(inst, cluster, top, dmax, base, base + rest)
     return out
+
+
+def _top_then_rule(inst: Instance, cluster, top, dmax: int, base: float, lb: float) -> list:
+    """longest-smallest(m, j): the m longest first on the widest group, then for the rest
+    long-smallest(j) within the time left (T - phase 0): every sequence that takes longer
+    than that at j on the smallest degree that finishes it in time, the others at j.
+    `lb` (longest-first(m)'s bound, over every degree) bounds these too, so nothing is
+    computed unless one runs (the preferences are made once per m, on first use)."""
+    memo: dict = {}
+
+    def smallest():
+        if not memo:
+            t = inst.time
+            within = (t <= inst.finish_lb - base) | (t <= t.min(axis=1)[:, None])
+            memo["v"] = within, np.argmax(within, axis=1)  # else the fastest degree
+        return memo["v"]
+
+    def build(j: int):
+        from .greedy import _widest_start  # noqa: PLC0415 (greedy imports this module)
+
+        within, small = smallest()
+        pref = np.where(top, -1, np.where(within[:, j], j, small))
+        start = _widest_start(cluster, int(inst.degrees[dmax]))
+        bins = [([i], int(inst.r_min[i, dmax])) for i in np.flatnonzero(top).tolist()]
+        return [(start, dmax, bins)], base, pref, _layout(inst, cluster, pref, j)
+
+    m = int(top.sum())
+    return [
+        (("longest-smallest", m, j), lb, lambda j=j: build(j))
+        for j in np.flatnonzero(inst.usable).tolist()
+    ]
 
 
 def _top_first(inst: Instance, cluster, top: np.ndarray, dmax: int, base: float):
@@ -122,8 +167,12 @@ def _tables(inst: Instance):
     return fits, np.argmax(fits, axis=1), smallest, ~within
 
 
-def _single(inst: Instance, cluster, pref: np.ndarray, j: int):
-    return lambda: ([], 0.0, pref, _layout(inst, cluster, pref, j))
+def _single(inst: Instance, cluster, moved: np.ndarray, to: np.ndarray, j: int):
+    def build():
+        pref = np.where(moved, to, j)
+        return [], 0.0, pref, _layout(inst, cluster, pref, j)
+
+    return build
 
 
 def _long_first(inst: Instance, cluster, j: int, long: np.ndarray, dmax: int, base: float):
@@ -148,7 +197,7 @@ def _layout(inst: Instance, cluster, pref: np.ndarray, j: int) -> list[tuple[int
     n = inst.num_gpus
     t0 = max(inst.finish_lb, 1e-12)
     groups, left = [], n
-    for k in sorted({int(p) for p in pref.tolist()} - {j, -1}, key=lambda k: -deg[k]):
+    for k in sorted(set(np.unique(pref).tolist()) - {j, -1}, key=lambda k: -deg[k]):
         tk = inst.time[pref == k, k]
         want = max(1, math.ceil(float(tk.sum()) / t0), int((tk > t0 / 2).sum()))
         c = min(want, left // deg[k])
@@ -186,9 +235,8 @@ def rule_plans(batch, cost) -> dict[str, list]:
     inst = make_instance(batch, cost)
     deg = inst.degrees.tolist()
     drafts = {f"static-{deg[j]}": uniform_draft(inst, cost.cluster, j) for j in range(len(deg))}
-    for (name, j), _, build in rules(inst, cost.cluster):
-        label = j if name == "longest-first" else deg[j]  # m sequences first, or a degree
-        drafts[f"{name}-{label}"] = rule_draft(inst, cost.cluster, build())
+    for how, _, build in rules(inst, cost.cluster):
+        drafts[_label(how, deg)] = rule_draft(inst, cost.cluster, build())
     out = {}
     for name, d in drafts.items():
         phases = None if d is None else to_phases(d, inst, cost)
@@ -203,3 +251,24 @@ def _work_table(inst: Instance) -> np.ndarray:
         "rule_work",
         lambda: np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees,
     )
+
+
+def _label(how: tuple, deg: list) -> str:
+    """ "long-first-4" (base degree 4), "longest-first-2" (2 sequences first),
+    "longest-smallest-2-1" (2 first, then base degree 1)."""
+    name, *args = how
+    if name == "longest-first":
+        return f"{name}-{args[0]}"
+    if name == "longest-smallest":
+        return f"{name}-{args[0]}-{deg[args[1]]}"
+    return f"{name}-{deg[args[0]]}"
+
+
+def spec_bound(inst: Instance, cluster, spec) -> float:
+    """A rule's bound once its groups are known (build()): phase 0 plus the bound of its
+    sequences on the degrees of its groups (0 without groups: nothing to bound)."""
+    phase0, base, pref, placed = spec
+    if not placed:
+        return 0.0
+    cols = sorted({j for _, j in placed})
+    return base + _bound(inst, cluster, cols, np.flatnonzero(pref >= 0))
