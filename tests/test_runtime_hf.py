@@ -295,6 +295,14 @@ def _with_dropout():
     return model
 
 
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4)
+    return GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa").to(torch.float64)
+
+
 def _bad_locator(model):
     return [(layer, layer.self_attn) for layer in model.model.layers] + [(model, "x")]
 
@@ -304,6 +312,8 @@ REFUSALS = {
     "attention_dropout": (_with_dropout, None, "config.attention_dropout: 0.1"),
     "router aux loss": (_moe_with_aux_loss, None, "config.output_router_logits: True"),
     "bad locator": (lambda: fresh("mha"), _bad_locator, "locator"),
+    # the case: the config used to be switched before the layout was refused
+    "other layout": (_gpt2, None, "no decoder layer list"),
 }
 
 
