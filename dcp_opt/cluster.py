@@ -184,10 +184,15 @@ class Cluster:
         (the start itself where no period is claimed). CostModel's `spans_nodes` argument."""
         if self.topology is None:
             return self.spans_nodes(start, degree)
-        from .topology.comm import canonical_class
+        memo = self.topology._memo.setdefault("class", {})  # simulate asks once per group
+        found = memo.get((start, degree))
+        if found is None:
+            from .topology.comm import canonical_class
 
-        p = self.topology.period
-        return canonical_class(self.topology, start % p if p else start, degree)
+            p = self.topology.period
+            found = canonical_class(self.topology, start % p if p else start, degree)
+            memo[(start, degree)] = found
+        return found
 
     def comm_classes(self, degree: int) -> tuple[int, ...]:
         """The distinct comm_class of the aligned placements of `degree`."""
@@ -213,14 +218,26 @@ class Cluster:
         return self.speed_factors is None and self.memory_per_rank is None
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = self._plain_dict()
+        if self.topology is not None:
+            d["topology"] = self.topology.to_dict()
+        return d
+
+    def _plain_dict(self) -> dict:
+        """Every field but the topology: absent, not null, so that a cluster without one
+        has the fingerprint it had before topologies."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "topology"}
         for k in ("speed_factors", "memory_per_rank", "degrees"):
             if d[k] is not None:
                 d[k] = list(d[k])
-        # absent, not null, without a topology: such a cluster's fingerprint is unchanged
-        topo = d.pop("topology")
-        if topo is not None:
-            d["topology"] = topo.to_dict()
+        return d
+
+    def fingerprint_dict(self) -> dict:
+        """to_dict() with the topology as its digest (the same without one): what a cost
+        fingerprint hashes, without serialising every link on every plan."""
+        d = self._plain_dict()
+        if self.topology is not None:
+            d["topology"] = {"sha256": self.topology.digest}
         return d
 
     @classmethod

@@ -560,7 +560,7 @@ class CostModel:
     def fingerprint(self) -> str:
         payload = {
             "model": self.model.to_dict(),
-            "cluster": self.cluster.to_dict(),
+            "cluster": self.cluster.fingerprint_dict(),  # to_dict(), a topology as its digest
             "coeffs": self.coeffs.to_dict(),
             "sharding": self.optimizer_sharding,
             "mem_frac": self.usable_memory_fraction,

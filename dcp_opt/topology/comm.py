@@ -226,23 +226,24 @@ def a2a_time(cluster, sent, d, placement, calls: int):
     dd = np.asarray(d)
     pp = np.full(dd.shape, -1) if placement is None else np.asarray(placement)
     dd, pp = np.broadcast_arrays(dd, pp)
-    found: dict[tuple[int, int], GroupComm] = {}
+    n = len(topo.gpus) + 1  # one key per (degree, class); class -1 = the default
+    keys, inverse = np.unique(
+        dd.astype(np.int64) * n + (pp.astype(np.int64) + 1), return_inverse=True
+    )
     rows = []
-    for key in zip(dd.ravel().tolist(), pp.ravel().tolist(), strict=True):
-        if key not in found:
-            deg, cls = int(key[0]), int(key[1])
-            found[key] = (
-                default_comm(topo, deg, cluster.comm_classes(deg))
-                if cls < 0
-                else group_comm(topo, cls, deg)
-            )
-        rows.append(found[key])
-    k = len(topo.tiers)
-    shares = np.array([g.shares for g in rows]).reshape(*dd.shape, k)
-    bws = np.array([g.bandwidths for g in rows]).reshape(*dd.shape, k)
-    lat = np.array([g.latency_s for g in rows]).reshape(dd.shape)
+    for key in keys.tolist():
+        deg, cls = divmod(key, n)
+        if cls > 0:
+            rows.append(group_comm(topo, cls - 1, deg))
+        else:  # cached by degree: the placements' classes are scanned once
+            known = topo._memo.get("default", {}).get(deg)
+            rows.append(known or default_comm(topo, deg, cluster.comm_classes(deg)))
+    inverse = inverse.reshape(dd.shape)
+    shares = np.array([g.shares for g in rows])[inverse]
+    bws = np.array([g.bandwidths for g in rows])[inverse]
+    lat = np.array([g.latency_s for g in rows])[inverse]
     bw_time = sent * shares[..., 0] / bws[..., 0]
-    for t in range(1, k):
+    for t in range(1, len(topo.tiers)):
         part = sent * shares[..., t] / bws[..., t]
         bw_time = bw_time + part if topo.a2a_combine == "sum" else np.maximum(bw_time, part)
     return bw_time + calls * lat * (dd - 1)

@@ -230,6 +230,15 @@ class Topology:
             self.name,
         )
 
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of the JSON document: what a cost fingerprint holds for the topology."""
+        import hashlib
+        import json
+
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
         d = {
