@@ -66,7 +66,12 @@ MODULES = {
     ),
     "tasks": Module(
         "dcp_opt/runtime/tasks.py",
-        ("tests/test_runtime_equiv.py", "-k", "planner_plans and world2"),
+        (
+            "tests/test_runtime_equiv.py",
+            "tests/test_runtime_volume.py",
+            "-k",
+            "(planner_plans and world2) or volume",
+        ),
         in_process=False,
     ),
     "executor": Module(
@@ -74,7 +79,7 @@ MODULES = {
         (
             "tests/test_runtime_equiv.py",
             "-k",
-            "((planner_plans or buckets) and world2) or faults",
+            "((planner_plans or buckets or report) and world2) or bucket_bytes or faults",
             "tests/test_runtime_faults.py",
         ),
         in_process=False,
