@@ -150,9 +150,10 @@ def _draw_groups(ax, plan: Plan, sim: SimResult) -> None:
 
 def _draw_nodes(ax, cost: CostModel) -> None:
     c = cost.cluster
-    if c.topology is not None:  # the fabric's domains: thicker lines for outer levels
+    if c.topology is not None:  # the fabric's domains (NVLink domain, leaf, ...) by level
+        colors = ("black", "crimson", "darkviolet", "darkorange")
         for rank, level in c.topology.domain_starts():
-            ax.axhline(rank, color="black", linewidth=1.2 + 0.8 * level)
+            ax.axhline(rank, color=colors[min(level, 3)], linewidth=1.2 + 1.2 * level)
         return
     for k in range(1, c.num_nodes):
         ax.axhline(k * c.gpus_per_node, color="black", linewidth=1.6)

@@ -327,6 +327,10 @@ def _sweeps(dist, base: CostModel, runs, planners, config: WhatIfConfig, progres
         stats, note = sweep_point(dist, cost, planners, config, reuse if same else None)
         if base.cluster.num_nodes == 1:
             note = "one node: no inter-node traffic" + (f"; {note}" if note else "")
+        if base.cluster.topology is not None:  # the graph's links, not inter_node_bw, count
+            note = "topology: its links set the bandwidth, not inter_node_bw" + (
+                f"; {note}" if note else ""
+            )
         bws.append({"scale": s, "inter_node_bw_gbps": bw0 * s / GB, "speedup": stats, "note": note})
         progress(f"sweep: inter-node bandwidth x{s:g}")
     return gpus, bws

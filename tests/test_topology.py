@@ -299,3 +299,46 @@ def test_bad_fabric_json(tmp_path, edit, message):
 def test_gpu_count_must_match():
     with pytest.raises(DcpOptError, match="cluster.topology.gpus: lists 8 GPUs; the cluster"):
         Cluster("x", 1, 4, 80 * GB, 1e15, 4e11, 5e10, topology=fat_tree_2to1())
+
+
+def test_simulate_prices_each_group_where_it_sits():
+    """No symmetry claimed (period None): leaf 1's GPUs have 25 GB/s links, leaf 0's 50.
+    Two groups of 4 with the same micro-batch: leaf 1's all-to-all takes twice as long
+    (3/3 of the bytes over its 25 GB/s link vs 50; latency the same 2 us path), and the
+    planners' per-degree table charges the cheaper one (a lower bound of both)."""
+    slow = fat_tree_2to1()
+    links = tuple(
+        Link(x.a, x.b, 25 * GB if x.a in ("g4", "g5", "g6", "g7") else x.bandwidth, x.latency_s)
+        for x in slow.links
+    )
+    topo = Topology(slow.gpus, slow.switches, links, tiers=("network",))
+    c = Cluster("asym", 2, 4, 200 * GB, 1e15, 4e11, 5e10, topology=topo)
+    cost = CostModel(model_preset("llama-7b"), c)
+    batch = Batch((Sequence(0, (8192,)), Sequence(1, (8192,))))
+    plan = Plan(
+        (Phase((Group(0, 4, (MicroBatch((0,)),)), Group(4, 4, (MicroBatch((1,)),)))),), 8, 2.0
+    )
+    e0, e1 = simulate(plan, batch, cost).events
+    lat = 2 * cost.model.num_layers * cost.coeffs.a2a_calls_per_layer * 2e-6 * 3
+    assert close(e1.comm_s - lat, 2 * (e0.comm_s - lat))
+    assert c.comm_class(0, 4) != c.comm_class(4, 4)
+    table = float(cost.comm_time_per_layer(8192.0, 4, None))
+    assert table == float(cost.comm_time_per_layer(8192.0, 4, c.comm_class(0, 4)))
+
+
+def test_gantt_draws_the_fabric_domains():
+    from dcp_opt.gantt import plot_plan
+    from dcp_opt.topology.presets import fat_tree
+
+    c = Cluster("ft", 4, 8, 80 * GB, 989e12, 450 * GB, 50 * GB, topology=fat_tree(2, 2, 2.0))
+    cost = CostModel(model_preset("llama-7b"), c)
+    batch = Batch(tuple(Sequence(i, (4096,)) for i in range(4)))
+    groups = tuple(Group(8 * i, 8, (MicroBatch((i,)),)) for i in range(4))
+    fig = plot_plan(Plan((Phase(groups),), 32, 4.0), batch, cost)
+    lines = {
+        (ln.get_ydata()[0], ln.get_color(), ln.get_linewidth())
+        for ln in fig.axes[0].lines
+        if len(set(ln.get_ydata())) == 1
+    }
+    # nodes (8 GPUs) in black, the leaf boundary (16 GPUs) thicker in crimson
+    assert lines == {(8, "black", 1.2), (24, "black", 1.2), (16, "crimson", 2.4)}
