@@ -133,7 +133,25 @@ def check_supported(model: nn.Module, pairs: list[tuple[nn.Module, nn.Module]]) 
         if getattr(attn, "is_causal", True) is not True:
             field = "use_bidirectional_attention"
             _refuse(field, getattr(cfg, field, None), "False", f"layer {i} is not causal")
+    _check_hidden_dropout(model)
     _check_moe(cfg)
+
+
+def _check_hidden_dropout(model: nn.Module) -> None:
+    """Dropout outside attention (GPT-NeoX hidden_dropout, Phi-3 resid_pdrop / embd_pdrop)
+    draws its masks from each rank's own generator over that rank's shard, so a step's
+    gradient would differ from single-process training's: refuse, naming the config field
+    that sets it (the module's name where no field holds its probability)."""
+    cfg = model.config
+    for name, sub in model.named_modules():
+        if isinstance(sub, nn.Dropout) and sub.p > 0:
+            fields = [
+                k
+                for k, v in vars(cfg).items()
+                if (k.endswith("dropout") or k.endswith("pdrop")) and v == sub.p
+            ]
+            field = fields[0] if fields else f"(module model.{name})"
+            _refuse(field, sub.p, "0.0", f"dropout in model.{name}: per-rank masks")
 
 
 def _check_stray_attention(model: nn.Module, pairs) -> None:

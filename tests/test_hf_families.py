@@ -138,6 +138,20 @@ MATRIX = {
         None,
         "attention_dropout",
     ),
+    "gpt_neox/hidden_dropout": (
+        "GPTNeoXConfig",
+        {"hidden_dropout": 0.1},
+        "sdpa",
+        None,
+        "hidden_dropout",
+    ),
+    "phi3/resid_pdrop": (
+        "Phi3Config",
+        {"resid_pdrop": 0.1, "pad_token_id": 0},
+        "sdpa",
+        None,
+        "resid_pdrop",
+    ),
     "mistral/window 0": ("MistralConfig", {"sliding_window": 0}, "sdpa", None, "sliding_window"),
     "gemma3/bidirectional": (
         "Gemma3TextConfig",
