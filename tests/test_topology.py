@@ -29,7 +29,7 @@ from dcp_opt import (
 from dcp_opt.batch import Sequence
 from dcp_opt.cluster import CLUSTER_PRESETS, GB, Cluster, cluster_preset
 from dcp_opt.errors import DcpOptError
-from dcp_opt.topology import Link, Topology, group_comm, ring_bottleneck
+from dcp_opt.topology import Link, Topology, group_comm, group_ring, ring_bottleneck
 from dcp_opt.topology.presets import two_level
 
 
@@ -88,6 +88,10 @@ def test_rail_fabric_ring_by_hand():
     assert (load, bw) == (2.0, 25 * GB)
     # with a 100 GB/s spine: 2 / 100 < 1 / 50, each GPU's rail link carries one chunk
     assert ring_bottleneck(rail_fabric(100 * GB)) == (1.0, 50 * GB)
+    # a ring of one node's pair: 0 -> 1 -> 0 over NVLink, one chunk per port at 400
+    assert group_ring(rail_fabric(), 2, 2) == (1.0, 400 * GB)
+    # ranks 1, 2 (n0.g1, n1.g0): both directions cross rails: 1 chunk per spine uplink at 25
+    assert group_ring(rail_fabric(), 1, 2) == (1.0, 25 * GB)
 
 
 def test_oversubscribed_fat_tree_by_hand():

@@ -4,7 +4,7 @@ costs from the graph (the model and its sources); presets: the two-level cluster
 and vendor fabrics. Nothing here is imported by `import dcp_opt` until a cluster has a
 topology (networkx loads on first use)."""
 
-from .comm import GroupComm, group_comm, ring_bottleneck
+from .comm import GroupComm, group_comm, group_ring, ring_bottleneck
 from .model import Link, Topology
 
-__all__ = ["GroupComm", "Link", "Topology", "group_comm", "ring_bottleneck"]
+__all__ = ["GroupComm", "Link", "Topology", "group_comm", "group_ring", "ring_bottleneck"]

@@ -187,16 +187,30 @@ def canonical_class(topo: Topology, start: int, degree: int) -> int:
     return memo[key]
 
 
+def group_ring(topo: Topology, start: int, degree: int) -> tuple[float, float]:
+    """(load, bandwidth) of the most loaded link of a ring over ranks start .. start+degree-1
+    in order (each member sends one chunk to the next at once; cached): a ring step of
+    `chunk` bytes takes chunk * load / bandwidth. For ring context parallelism and the
+    gradient all-reduce (group_ring(topo, 0, n) = ring_bottleneck)."""
+    memo = topo._memo.setdefault("ring", {})
+    key = (start, degree)
+    if key not in memo:
+        k = len(topo.tiers)
+        if degree == 1:
+            memo[key] = (0.0, 1.0)
+            return memo[key]
+        members = range(start, start + degree)
+        load = _loads(topo, {start + (r - start + 1) % degree: [r] for r in members})
+        loads, bws = _bottlenecks(topo, load)
+        worst = max(range(k), key=lambda i: loads[i] / bws[i])
+        memo[key] = (loads[worst], bws[worst])
+    return memo[key]
+
+
 def ring_bottleneck(topo: Topology) -> tuple[float, float]:
     """(load, bandwidth) of the ring all-reduce's most loaded link over the world's ranks in
     order: the ring moves 2 (n-1)/n * bytes at bandwidth / load (cached)."""
-    if "ring" not in topo._memo:
-        n = len(topo.gpus)
-        load = _loads(topo, {(r + 1) % n: [r] for r in range(n)}) if n > 1 else {}
-        loads, bws = _bottlenecks(topo, load)
-        k = max(range(len(loads)), key=lambda i: loads[i] / bws[i])
-        topo._memo["ring"] = (loads[k], bws[k])
-    return topo._memo["ring"]
+    return group_ring(topo, 0, len(topo.gpus))
 
 
 def default_comm(topo: Topology, degree: int, starts) -> GroupComm:
