@@ -450,3 +450,25 @@ def test_sampler_state_follows_the_statefuldataloader_conventions():
                                       collate_fn=lambda xs: len(xs))  # fmt: skip
     with pytest.raises(DcpOptError, match="collate_fn: gave int"):
         next(t.planned(bad))
+
+
+def job_ranks_on_other_epochs(ctx):
+    """Rank 1 iterates epoch 1 while rank 0 plans and broadcasts epoch 0."""
+    # The sampler (not DcpLoader, which agrees on one batch ahead: rank 0 would wait for a
+    # second broadcast that rank 1, failed, never joins).
+    sampler = DcpBatchSampler(LENGTHS, cost_for(ctx.world_size), batch_size=5, planner="greedy")
+    sampler.set_epoch(ctx.rank)
+    try:
+        next(iter(sampler))
+    except DcpOptError as e:
+        return str(e)
+    return "ok"
+
+
+@pytest.mark.dist
+def test_ranks_iterating_differently_get_a_clear_error(workers):
+    # Every broadcast names its (epoch, batch): a rank on another epoch (or another
+    # DataLoader prefetch) fails at once instead of training another batch's plan.
+    sent, wanted = workers.run(job_ranks_on_other_epochs)
+    assert sent == "ok"
+    assert "rank 1 wants the plan of epoch 1 batch 0, the planning rank sent epoch 0" in wanted
