@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_topology.py [--reps 10] [--seeds 3] [--json out.json]
 
-1. gb200-nvl72: greedy on every standard workload (64K tokens per GPU): the SP degrees it
-   uses (above 8 inside the rack?), and its step time against a topology-blind plan (the
-   same GPUs as 18 compute trays of 4 over the NICs, the two-level model) priced on the
-   graph: ratio = blind / aware (> 1: knowing the NVLink domain pays).
+1. gb200-nvl72 (one rack) and gb200-nvl72x4 (four racks over IB): greedy on every standard
+   workload (64K tokens per GPU; on four racks also the long-context batches of 2.): the SP
+   degrees it uses (above 8 inside the rack?), and its step time against a topology-blind
+   plan (the same GPUs as compute trays of 4 over the NICs, the two-level model) priced on
+   the graph: ratio = blind / aware (> 1: knowing the NVLink domain pays).
 2. h100-fattree-2to1 (4 leaves of 4 DGX H100, 2:1 above the leaves): the same comparison
    (blind = the two-level model of the same nodes, no oversubscription), the share of
    GPU-seconds in groups that span leaves, on the standard workloads and on long-context
@@ -167,6 +168,7 @@ def main() -> None:
         out["latency"] = latency_rows(args.reps)
         return _write(out, args.json)
     out["nvl72"] = compare_rows("gb200-nvl72", args.seeds, extra_long=False)
+    out["nvl72"] += compare_rows("gb200-nvl72x4", args.seeds, extra_long=True)
     out["fattree"] = compare_rows("h100-fattree-2to1", args.seeds, extra_long=True)
     batches = [long_context(s, 128) for s in range(args.seeds)]
     out["sweep"] = []
