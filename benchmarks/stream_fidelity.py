@@ -15,10 +15,13 @@ workload and prints tokens/s over published bucket next to the paper's ratio. Va
   per-sequence term is not divided by the degree;
 - data-lo / data-hi: the dummy dataset draws a 300 x 4096 fp32 caption per sample on the CPU
   (datasets.py:436) and every rank of an SP group loads every sample of its micro-batch
-  (research sec. 2.6): per-sample seconds every member repeats (CostModel.replicated_seq_s),
-  from torch.rand's rate measured here (47 ms per caption on one core of this VM) over the
-  8 loader workers of baseline.yaml:21: 6 ms (this VM) down to 1 ms (a CPU ~6x faster);
-  charged in addition to the GPU work, an upper bound where prefetching hides it;
+  (research sec. 2.6): per-sample seconds every member repeats (CostModel.replicated_seq_s).
+  Measured here (CPU time, one thread of this VM's Xeon): torch.rand(1, 300, 4096) 6.2 ms,
+  collating it 3.5 ms, so 9.6 ms per sample per loader worker, over the 8 workers of
+  baseline.yaml:21: 1.2 ms per sample per rank ("lo": 1 ms); "hi" (2 ms) adds the main
+  process's pinned copy and the 4.9 MB host-to-device copy (~0.7 ms at 10 and 25 GB/s).
+  Charged in addition to the GPU work: an upper bound where prefetching hides it;
+  `--data-path-s` overrides the values (a sensitivity beyond the measured range);
 - after-lo / after-hi: caption + data-lo / data-hi;
 - yaml-bucket: the cost model as before, but bucket parallel with the yaml's bucket_config
   batch sizes, which the published code ignores (a different baseline, not a model change).
@@ -41,7 +44,7 @@ from dcp_opt.stream import MILLION, PAPER_RATIOS, run_published, stream_epoch
 
 WORKLOADS = ("2d-short", "2d-balanced", "2d-long", "2d-videosys")
 METHODS = ("bucket", "dcp_intra", "dcp_inter", "dcp_inter_pac")
-DATA_PATH_S = {"lo": 0.001, "hi": 0.006}
+DATA_PATH_S = {"lo": 0.001, "hi": 0.002}  # seconds per sample per rank (module docstring)
 
 
 @dataclass(frozen=True)
@@ -66,11 +69,11 @@ class CaptionReplicated(CostModel):
         return False
 
 
-def variants(cluster) -> dict[str, CostModel]:
+def variants(cluster, data_path_s=DATA_PATH_S) -> dict[str, CostModel]:
     base = CostModel(model_preset("opensora-stdit3-xl"), cluster)
     cap = CaptionReplicated(base.model, cluster)
     out = {"before": base, "caption": cap}
-    for tag, s in DATA_PATH_S.items():
+    for tag, s in data_path_s.items():
         out[f"data-{tag}"] = perturb(base, replicated_seq_s=s)
         out[f"after-{tag}"] = cap.with_(replicated_seq_s=s)
     return out
@@ -84,8 +87,11 @@ def ratios(epoch, cost, seed, yaml_bucket=False) -> dict[str, float]:
         kw = {"bucket_sizes": yaml_bucket_sizes()} if (m == "bucket" and yaml_bucket) else {}
         run = run_published(epoch, cost, m, seed=seed, drop_last=True, memory_cap=0.7, **kw)
         trained = sum(epoch.tokens_by_id[i] for s in run.steps for i in s)
-        tps[m] = trained / sum(run.step_times)
-    return {m: tps[m] / tps["bucket"] for m in METHODS[1:]} | {"bucket_tok_s": tps["bucket"]}
+        total = sum(run.step_times)
+        tps[m] = trained / total if total else None  # None: the sampler formed no step
+    base = tps["bucket"]
+    out = {m: tps[m] / base if tps[m] and base else None for m in METHODS[1:]}
+    return out | {"bucket_tok_s": base, "dropped_all": [m for m in METHODS if not tps[m]]}
 
 
 def main() -> None:
@@ -93,18 +99,23 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--clusters", default="h200x8,h200x32")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--only", default=None, help="comma-separated variants (default: all)")
+    ap.add_argument("--data-path-s", default=None, help="lo,hi seconds (default 0.001,0.002)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    data = DATA_PATH_S
+    if args.data_path_s:
+        data = dict(zip(("lo", "hi"), map(float, args.data_path_s.split(",")), strict=True))
     only = set(args.only.split(",")) if args.only else None
     t0 = time.perf_counter()
     rows = []
     for cname in args.clusters.split(","):
         cluster = load_cluster(cname)
         paper = PAPER_RATIOS.get(cluster.num_gpus, {})
-        for w in WORKLOADS:
+        for w in args.workloads.split(","):
             epoch = stream_epoch(w, args.seed, args.batches, 2 * MILLION)
-            for name, cost in [*variants(cluster).items(), ("yaml-bucket", None)]:
+            for name, cost in [*variants(cluster, data).items(), ("yaml-bucket", None)]:
                 if only is not None and name not in only:
                     continue
                 c = cost or CostModel(model_preset("opensora-stdit3-xl"), cluster)
@@ -114,7 +125,7 @@ def main() -> None:
                              "paper": {m: ref.get(m) for m in METHODS[1:]}})  # fmt: skip
                 print(
                     f"{cname} {w:12s} {name:12s} "
-                    + " ".join(f"{m}={r[m]:.2f}" for m in METHODS[1:])
+                    + " ".join(f"{m}={r[m] or 0:.2f}" for m in METHODS[1:])
                     + "  paper "
                     + " ".join(f"{m}={ref.get(m)}" for m in METHODS[1:] if ref.get(m)),
                     flush=True,
@@ -123,7 +134,7 @@ def main() -> None:
         "schema": "dcp-opt-stream-fidelity/1",
         "batches": args.batches,
         "seed": args.seed,
-        "data_path_s": DATA_PATH_S,
+        "data_path_s": data,
         "rows": rows,
         "wall_time_s": time.perf_counter() - t0,
     }

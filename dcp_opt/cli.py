@@ -399,13 +399,19 @@ def cmd_stream(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .stream import run_stream
-    from .stream_display import render_fidelity_table, render_stream_table
+    from .stream_display import (
+        render_fidelity_table,
+        render_matched_table,
+        render_stream_table,
+    )
 
     config = stream_config(args)
     with _progress(disabled=args.no_progress) as (on_start, on_done):
         doc = run_stream(config, make_cost=_bench_costs(args), on_start=on_start, on_done=on_done)
     console = Console(soft_wrap=False, width=max(Console().width, 130))
     console.print(render_stream_table(doc))
+    if doc["matched"]:
+        console.print(render_matched_table(doc))
     if doc["fidelity"]:
         console.print(render_fidelity_table(doc))
     for line in doc["notes"]:

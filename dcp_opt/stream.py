@@ -36,9 +36,11 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
         drop_last)
     matched     per workload and published median step size (of bucket and of PAC): the
         project's best planner without / with the step former at that size, its tokens/s
-        over published PAC and bucket, and its gap to the stream bound
-    fidelity    per workload: published intra / inter / PAC tokens/s over published bucket
-        next to the paper's ratio for that cluster size (PAPER_RATIOS)
+        over published PAC and bucket (vs_pac, vs_bucket), its gap to the stream bound, and
+        the stream bound's tokens/s over them (bound_vs_pac, bound_vs_bucket: what no plan
+        of those steps can beat)
+    fidelity    per 2D workload: published intra / inter / PAC tokens/s over published
+        bucket next to the paper's ratio for that cluster size (PAPER_RATIOS)
 """
 
 from __future__ import annotations
@@ -410,6 +412,11 @@ def matched_rows(rows: list[dict]) -> list[dict]:
     out = []
     for w in dict.fromkeys(r["workload"] for r in rows):
         rs = [r for r in rows if r["workload"] == w and r["family"] == "project"]
+        ref_tps = {
+            r["method"]: r["tokens_per_s"]
+            for r in rows
+            if r["workload"] == w and r["family"] == "published"
+        }
         for ref in ("dcp_inter_pac", "bucket"):
             at = [r for r in rs if r["method"].endswith(f"={ref}-median")]
             for former in (False, True):
@@ -417,6 +424,7 @@ def matched_rows(rows: list[dict]) -> list[dict]:
                 if not cands:
                     continue
                 best = max(cands, key=lambda r: r["tokens_per_s"])
+                ceiling = best["trained_tokens"] / best["bound_s"] if best["bound_s"] else None
                 out.append(
                     {
                         "workload": w,
@@ -428,9 +436,16 @@ def matched_rows(rows: list[dict]) -> list[dict]:
                         "vs_pac": best["speedup_vs_pac"],
                         "vs_bucket": best["speedup_vs_bucket"],
                         "gap_to_bound": best["gap_to_bound"],
+                        # the most any plan of these steps could reach (the stream bound)
+                        "bound_vs_pac": _ratio(ceiling, ref_tps.get("dcp_inter_pac")),
+                        "bound_vs_bucket": _ratio(ceiling, ref_tps.get("bucket")),
                     }
                 )
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def fidelity_rows(rows: list[dict], num_gpus: int) -> list[dict]:
@@ -438,7 +453,7 @@ def fidelity_rows(rows: list[dict], num_gpus: int) -> list[dict]:
     the paper's ratio for this cluster size."""
     paper = PAPER_RATIOS.get(num_gpus, {})
     out = []
-    for w in dict.fromkeys(r["workload"] for r in rows):
+    for w in dict.fromkeys(r["workload"] for r in rows if r["workload"].startswith("2d")):
         ref = paper.get(w, paper.get("*", {}))
         for r in rows:
             if r["workload"] == w and r["method"] in ("dcp_intra", "dcp_inter", "dcp_inter_pac"):

@@ -79,3 +79,34 @@ def render_fidelity_table(doc: dict):
             paper = _fmt(p, ".2f", "x")
         table.add_row(r["workload"], r["method"], _fmt(r["model_ratio"], ".2f", "x"), paper)
     return table
+
+
+def render_matched_table(doc: dict):
+    """The project's best planner at each published median step size, against the published
+    methods, and what the stream bound allows."""
+    from rich.table import Table
+
+    table = Table(
+        title="at matched tokens per optimizer step (the published median step): best project "
+        "planner vs published, nothing dropped",
+        title_justify="left",
+        caption="bound vs X: the stream lower bound's tokens/s over published X (no plan of "
+        "those steps does better)",
+        caption_justify="left",
+    )
+    for col in ("workload", "matched to", "former", "method", "vs PAC", "vs bucket", "gap",
+                "bound vs PAC", "bound vs bucket"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for r in doc["matched"]:
+        table.add_row(
+            r["workload"],
+            r["matched_to"],
+            "yes" if r["step_former"] else "no",
+            r["method"],
+            _fmt(r["vs_pac"], ".2f", "x"),
+            _fmt(r["vs_bucket"], ".2f", "x"),
+            _fmt(r["gap_to_bound"], ".1%"),
+            _fmt(r.get("bound_vs_pac"), ".2f", "x"),
+            _fmt(r.get("bound_vs_bucket"), ".2f", "x"),
+        )
+    return table

@@ -139,6 +139,18 @@ def test_cli_quick_json(tmp_path):
             assert r["dropped_tokens"] == 0
     bucket = next(r for r in doc["methods"] if r["method"] == "bucket")
     assert bucket["speedup_vs_bucket"] == pytest.approx(1.0)
+    assert doc["fidelity"] == []  # the paper has no 1D figures
+    for m in doc["matched"]:
+        assert set(m) == MATCHED_KEYS
+        # no plan beats the stream bound: the planner's ratio stays below the bound's
+        if m["bound_vs_pac"] is not None:
+            assert m["vs_pac"] <= m["bound_vs_pac"] * (1 + 1e-9)
+
+
+MATCHED_KEYS = {
+    "workload", "matched_to", "target_tokens", "step_former", "method", "tokens_per_s",
+    "vs_pac", "vs_bucket", "gap_to_bound", "bound_vs_pac", "bound_vs_bucket",
+}  # fmt: skip
 
 
 def test_config_errors_name_the_field(capsys):
