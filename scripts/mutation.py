@@ -50,7 +50,7 @@ MODULES = {
     "bounds": Module("dcp_opt/bounds.py", ("tests/test_bounds.py", "tests/test_core.py")),
     "simulate": Module(
         "dcp_opt/simulate.py",
-        ("tests/test_core.py", "tests/test_gantt.py", "tests/test_bounds.py"),
+        ("tests/test_simulate.py", "tests/test_core.py", "tests/test_bounds.py"),
     ),
     "cost": Module(
         "dcp_opt/cost.py",
