@@ -150,6 +150,33 @@ def test_two_level_graph_keeps_every_figure(preset):
             assert simulate(pa, batch, a).step_time_s == simulate(pa, batch, b).step_time_s
 
 
+@given(
+    nodes=st.integers(1, 4),
+    per=st.integers(1, 8),
+    intra=st.floats(10.0, 1000.0),
+    inter=st.floats(1.0, 400.0),
+    lat=st.tuples(st.floats(0.0, 1e-4), st.floats(0.0, 1e-4)),
+    tokens=st.integers(1, 1 << 20),
+    pick=st.integers(0, 1000),
+)
+def test_two_level_graph_is_the_formula_on_random_clusters(
+    nodes, per, intra, inter, lat, tokens, pick
+):
+    """Any two-level cluster as a graph: the same degrees, and for any degree and aligned
+    placement the same all-to-all time and gradient time, bit for bit."""
+    base = Cluster("r", nodes, per, 80 * GB, 1e15, intra * GB, inter * GB, *lat)
+    graph = base.with_(topology=two_level(base))
+    assert graph.allowed_degrees == base.allowed_degrees
+    d = base.allowed_degrees[pick % len(base.allowed_degrees)]
+    starts = base.placements(d)
+    start = starts[pick % len(starts)]
+    model = model_preset("llama3-8b")  # grouped-query attention: a2a share varies with d
+    a, b = CostModel(model, base), CostModel(model, graph)
+    want = a.comm_time_per_layer(float(tokens), d, base.spans_nodes(start, d))
+    assert b.comm_time_per_layer(float(tokens), d, graph.comm_class(start, d)) == want
+    assert a.grad_sync_time() == b.grad_sync_time()
+
+
 def test_no_topology_fingerprint_unchanged():
     # a cluster without a topology serialises as before: no "topology" key at all
     c = CLUSTER_PRESETS["h200x32"]

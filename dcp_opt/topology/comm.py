@@ -29,9 +29,10 @@ graph keeps every figure; and it is the conservative rule -- a hierarchical all-
 grouped send/recv shares one set of channels between NVLink and network peers. "max" is
 the lower bound where the two overlap perfectly.
 
-Latency. Each of the d-1 exchanges pays the latency of the slowest pair's path (the sum of
-its links' latencies); on the two-level graph that is the NIC's latency when the group
-spans nodes, else NVLink's, as today.
+Latency. Each of the d-1 exchanges pays the latency of the farthest pair's path (the most
+outer-tier hops, then the slowest: the sum of its links' latencies); on the two-level graph
+that is the NIC's latency when the group spans nodes, else NVLink's, as today (even where a
+profile measured NVLink slower than the NIC).
 
 Ring (gradient all-reduce over the world, rank order). Every ring edge carries one chunk at
 once; the most loaded link over all tiers sets the pace of the pipelined ring (Thakur et
@@ -86,7 +87,8 @@ def _routes(topo: Topology):
 
 def _toward(topo: Topology, t: int):
     """For destination GPU rank t: (nodes by decreasing distance, next hops of each node
-    [(node, directed link)], path latency to t of each node: the slowest ECMP path)."""
+    [(node, directed link)], path latency to t of each node (its slowest ECMP path), the
+    tiered-hop distance of each node)."""
     memo = topo._memo.setdefault("toward", {})
     if t in memo:
         return memo[t]
@@ -115,7 +117,7 @@ def _toward(topo: Topology, t: int):
             if (v == dst or not gpu[v]) and dist[v] + _HOP ** links[lid][2] == dist[u]:
                 nexthops[u].append((v, lid))
         lat[u] = max(links[lid][1] + lat[v] for v, lid in nexthops[u])
-    memo[t] = (order[::-1], nexthops, lat)
+    memo[t] = (order[::-1], nexthops, lat, dist)
     return memo[t]
 
 
@@ -125,7 +127,7 @@ def _loads(topo: Topology, pairs: dict[int, list[int]]) -> dict[int, float]:
     _, _, _, gpu_idx = _routes(topo)
     load: dict[int, float] = {}
     for t, sources in pairs.items():
-        order, nexthops, _ = _toward(topo, t)
+        order, nexthops, _, _ = _toward(topo, t)
         flow = {gpu_idx[s]: 1.0 for s in sources}
         for u in order:
             f = flow.pop(u, 0.0)
@@ -171,7 +173,14 @@ def group_comm(topo: Topology, start: int, degree: int) -> GroupComm:
     if len(loads) > 1 and sum(loads) == peers and loads[0] > 0:
         shares[0] = 1 - sum(x / peers for x in loads[1:])
     gpu_idx = _routes(topo)[3]
-    lat = max(max(_toward(topo, t)[2][gpu_idx[s]] for s in members) for t in members)
+    # the farthest pair (most outer-tier hops, then the slowest path) sets the latency
+    far = (
+        (w[3][gpu_idx[s]], w[2][gpu_idx[s]])
+        for t in members
+        for w in [_toward(topo, t)]
+        for s in members
+    )
+    lat = max(far)[1]
     memo[key] = GroupComm(tuple(shares), tuple(bws), lat)
     return memo[key]
 
