@@ -152,3 +152,22 @@ def test_an_empty_simulation_summary_divides_by_nothing():
     assert (idle.imbalance, idle.comm_share) == (0.0, 0.0)
     assert idle.summary()["recompute_share"] == 0.0
     assert sim.imbalance == pytest.approx(3 / 4)  # three of four ranks idle the whole step
+
+
+@pytest.mark.parametrize(
+    "nodes, per, seconds",
+    [(1, 4, 4.5 / 2.0), (2, 2, 4.5 / 0.5), (1, 1, 0.0)],
+    ids=["one node: NVLink rate", "two nodes: NIC rate", "one GPU: none"],
+)
+def test_step_collectives_are_timed_at_the_sync_rate(nodes, per, seconds):
+    # The toy has 1 parameter under zero1: all-gather 3/4 * 2 B of weights, reduce-scatter
+    # 3/4 * 4 B of gradients on 4 GPUs: 4.5 bytes, at 2 B/s in a node, 0.5 B/s across.
+    cost = toy_cost(nodes, per)
+    cost = cost.with_(cluster=cost.cluster.with_(intra_node_bw=2.0, inter_node_bw=0.5))
+    batch = Batch.from_lengths([1])
+    plan = make_plan([[Group(0, 1, (MicroBatch((0,)),))]], batch, cost, planner="hand")
+    sim = simulate(plan, batch, cost)
+    assert sim.collectives == cost.step_collectives()
+    if nodes * per == 4:
+        assert sum(sim.collectives.values()) == pytest.approx(4.5)
+    assert sim.collectives_s == pytest.approx(seconds)
