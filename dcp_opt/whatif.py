@@ -322,15 +322,16 @@ def _sweeps(dist, base: CostModel, runs, planners, config: WhatIfConfig, progres
         progress(f"sweep: {n} GPUs")
     bw0 = base.cluster.inter_node_bw
     for s in config.inter_bw_scales:
-        cost = base.with_(cluster=base.cluster.with_(inter_node_bw=bw0 * s))
+        cluster = base.cluster.with_(inter_node_bw=bw0 * s)
+        if cluster.topology is not None and s != 1:  # its network links carry what inter_bw did
+            cluster = cluster.with_(topology=cluster.topology.scaled(s))
+        cost = base.with_(cluster=cluster)
         same = s == 1.0 and len(runs) >= config.sweep_batches
         stats, note = sweep_point(dist, cost, planners, config, reuse if same else None)
         if base.cluster.num_nodes == 1:
             note = "one node: no inter-node traffic" + (f"; {note}" if note else "")
-        if base.cluster.topology is not None:  # the graph's links, not inter_node_bw, count
-            note = "topology: its links set the bandwidth, not inter_node_bw" + (
-                f"; {note}" if note else ""
-            )
+        if base.cluster.topology is not None:
+            note = f"topology: every network link x{s:g}" + (f"; {note}" if note else "")
         bws.append({"scale": s, "inter_node_bw_gbps": bw0 * s / GB, "speedup": stats, "note": note})
         progress(f"sweep: inter-node bandwidth x{s:g}")
     return gpus, bws

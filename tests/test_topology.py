@@ -373,3 +373,13 @@ def test_gantt_draws_the_fabric_domains():
     }
     # nodes (8 GPUs) in black, the leaf boundary (16 GPUs) thicker in crimson
     assert lines == {(8, "black", 1.2), (24, "black", 1.2), (16, "crimson", 2.4)}
+
+
+def test_scaled_network_tier_for_what_if():
+    # halving every network link of the rail fabric doubles the network share's time
+    # ((2/3) / 12.5 GB/s at the spine) and leaves NVLink's ((1/3) / 400 GB/s) as it was
+    t = rail_fabric()
+    half = group_comm(t.scaled(0.5), 0, 4)
+    assert half.bandwidths == (400 * GB, 12.5 * GB) and half.shares == group_comm(t, 0, 4).shares
+    with pytest.raises(DcpOptError, match="tier: 'pcie' not allowed; allowed: "):
+        t.scaled(2.0, "pcie")

@@ -230,6 +230,24 @@ class Topology:
             self.name,
         )
 
+    def scaled(self, factor: float, tier: str = "network") -> Topology:
+        """The same fabric with every link of `tier` `factor` times as fast (what-if)."""
+        require(tier in self.tiers, "tier", f"{tier!r} not allowed; allowed: {list(self.tiers)}")
+        links = tuple(
+            Link(x.a, x.b, x.bandwidth * factor, x.latency_s, x.tier) if x.tier == tier else x
+            for x in self.links
+        )
+        return Topology(
+            self.gpus,
+            self.switches,
+            links,
+            self.nics,
+            self.tiers,
+            self.a2a_combine,
+            self.period,
+            self.name,
+        )
+
     @cached_property
     def digest(self) -> str:
         """sha256 of the JSON document: what a cost fingerprint holds for the topology."""
