@@ -383,3 +383,20 @@ def test_scaled_network_tier_for_what_if():
     assert half.bandwidths == (400 * GB, 12.5 * GB) and half.shares == group_comm(t, 0, 4).shares
     with pytest.raises(DcpOptError, match="tier: 'pcie' not allowed; allowed: "):
         t.scaled(2.0, "pcie")
+
+
+def test_switchless_mesh_by_hand():
+    """Eight GPUs wired point to point, no switch (AMD Instinct MI300X: 7 Infinity Fabric
+    links per GPU, 896 GB/s aggregate bidirectional = 64 GB/s each way per link; MI300X data
+    sheet). Each flow has its own link: d = 8 puts 1 flow of 7 on each, share 1/7 at
+    64 GB/s (448 GB/s per GPU in all); d = 4 uses 3 of the 7 links, share 1/3 (192 GB/s)."""
+    gpus = tuple(f"g{i}" for i in range(8))
+    links = tuple(
+        Link(a, b, 64 * GB, 1e-6, "nvlink") for i, a in enumerate(gpus) for b in gpus[i + 1 :]
+    )
+    t = Topology(gpus, (), links)
+    assert t.domain_sizes == () and t.nvlink_domain == 8
+    assert close(group_comm(t, 0, 8).per_byte_s, (1 / 7) / (64 * GB))
+    assert close(group_comm(t, 4, 4).per_byte_s, (1 / 3) / (64 * GB))
+    assert close(group_comm(t, 0, 8).latency_s, 1e-6)  # one hop
+    assert ring_bottleneck(t) == (1.0, 64 * GB)

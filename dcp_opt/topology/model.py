@@ -56,7 +56,7 @@ class Topology:
     a2a_combine: str = "sum"
     period: int | None = None
     name: str = ""
-    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _memo: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for k in ("gpus", "nics", "tiers"):
