@@ -10,6 +10,14 @@ storages autograd saves in each micro-batch (saved-tensor hooks; weights exclude
 largest micro-batch is compared with the cost model's activation term for it.
 
     python benchmarks/bench_memory.py --worlds 2 4 --json out/bench_memory.json
+    dcp-opt profile --target tiny-lm --layers 4 --hidden 64 --heads 4 --ffn 128 \
+        --dtype bfloat16 --quick --device cpu -o tiny_lm_bf16.profile.json
+    python benchmarks/bench_memory.py --profile tiny_lm_bf16.profile.json   # measured act
+
+The FLOP-derived preset's activation coefficients assume fused GPU kernels (FlashAttention,
+fused norms); on the CPU the runtime's per-segment SDPA and fp32 norm internals save more,
+so the activation comparison uses a profile of this model (results/bench_memory.json was made
+with results/tiny_lm_bf16.profile.json).
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from dcp_opt import Batch, Cluster, CostModel, ModelSpec
 from dcp_opt.cost import SHARDING_MODES
 from dcp_opt.plan import Plan
 
-CFG = LMConfig(vocab_size=256, hidden=64, num_heads=4, num_layers=4, ffn_hidden=128)
+# The shape `dcp-opt profile --target tiny-lm --layers 4 --hidden 64 --heads 4 --ffn 128` measures.
+CFG = LMConfig(vocab_size=512, hidden=64, num_heads=4, num_layers=4, ffn_hidden=128)
 LENGTHS = [37, 120, 64, 200, 15, 90, 150, 33, 48, 76, 180, 22]
 
 
@@ -45,8 +54,21 @@ def spec(dtype: str | None) -> ModelSpec:
     )  # fmt: skip
 
 
-def cost_for(world: int, mode: str, dtype: str | None) -> CostModel:
-    return CostModel(spec(dtype), Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
+def cost_for(world: int, mode: str, dtype: str | None, profile: str | None = None) -> CostModel:
+    cluster = Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10)
+    if profile:  # measured activation coefficients (saved-tensor bytes, runtime/profiler.py)
+        from dcp_opt.profile_io import cost_model_from_profile
+
+        return cost_model_from_profile(profile, spec(dtype), cluster, optimizer_sharding=mode)
+    return CostModel(spec(dtype), cluster, None, mode)
+
+
+def saved_term(cost: CostModel, tokens: int, d: int, r: int) -> float:
+    """The saved part of the cost model's activation term: T/d ((L - r) act + r ckpt + head),
+    without the one-layer working set (`+ act`), which autograd does not save."""
+    co, L = cost.coeffs, cost.model.num_layers
+    per = (L - r) * co.act_bytes_per_token_layer + r * co.ckpt_bytes_per_token_layer
+    return tokens / d * (per + co.head_bytes_per_token)
 
 
 class SavedBytes:
@@ -102,9 +124,9 @@ def predicted(cost: CostModel) -> dict:
     return {"compute": 2 * p, "grads": 4 * p, "master+optimizer": o * p}
 
 
-def measure(workers: DistWorkers, mode: str, dtype: str | None) -> list[dict]:
+def measure(workers: DistWorkers, mode: str, dtype: str | None, profile=None) -> list[dict]:
     world = workers.world_size
-    cost = cost_for(world, mode, dtype)
+    cost = cost_for(world, mode, dtype, profile)
     batch = Batch.from_lengths(LENGTHS)
     plan = run_planner("greedy", batch, cost).plan
     rows = []
@@ -114,10 +136,11 @@ def measure(workers: DistWorkers, mode: str, dtype: str | None) -> list[dict]:
         got = held["params"] + held["compute"] + held["grads"] + held["optimizer"]
         want = cost.model_state_bytes()
         mbs = out["micro_batches"]
-        act, act_want = 0, 0.0
+        act, act_want, term = 0, 0.0, 0.0
         if mbs:
             tokens, d, r, act = max(mbs, key=lambda m: m[3])
-            act_want = float(cost.memory(tokens, d, r)) - cost.fixed_bytes()
+            act_want = saved_term(cost, tokens, d, r)
+            term = float(cost.memory(tokens, d, r)) - cost.fixed_bytes()
         rows.append(
             {
                 "world": world, "mode": mode, "dtype": dtype or "fp32", "rank": rank,
@@ -125,7 +148,8 @@ def measure(workers: DistWorkers, mode: str, dtype: str | None) -> list[dict]:
                 "optimizer": held["optimizer"], "model_states": got,
                 "predicted_model_states": want, "model_states_error": got / want - 1,
                 "predicted_parts": predicted(cost), "peak_saved_activations": act,
-                "predicted_activations": act_want,
+                "predicted_activations": act_want, "activation_term": term,
+                "coefficients": cost.coeffs.source,
                 "activations_error": act / act_want - 1 if act_want else None,
             }
         )  # fmt: skip
@@ -156,6 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=list(SHARDING_MODES), choices=SHARDING_MODES)
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--json", metavar="OUT", help="write every row here")
+    ap.add_argument("--profile", metavar="FILE", help="a dcp-opt profile of this model (bf16)")
     args = ap.parse_args(argv)
     dtype = None if args.dtype == "fp32" else "bf16"
     rows = []
@@ -163,10 +188,12 @@ def main(argv=None) -> int:
         workers = DistWorkers(world, timeout_s=120.0)
         try:
             for mode in args.modes:
-                rows += measure(workers, mode, dtype)
+                rows += measure(workers, mode, dtype, args.profile)
         finally:
             workers.close()
+    src = args.profile or "FLOP-derived preset"
     print(f"model states and saved activations per rank, bytes ({args.dtype}, TinyLM {CFG})")
+    print(f"activation coefficients: {src}; 'act pred' = the saved part of the activation term")
     print(table(rows))
     if args.json:
         with open(args.json, "w") as f:
