@@ -1,0 +1,93 @@
+"""Cost-model pieces by hand on the toy (tests/toy.py: 2 layers, 1 parameter, T tokens at
+degree d take 6T/d + 0.5 s, memory 9 + T/d * (30 - 8r) bytes on 4 GPUs), for the knobs and
+paths the planners' tests never vary (issue 18, mutation testing): the per-degree SP compute
+overhead, the gradient sync, the step's collectives, the fits check on mixed memory, and the
+coefficients' JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from dcp_opt import Batch, CostModel
+from dcp_opt.cost import CostCoefficients, runtime_reduce_bytes
+from dcp_opt.errors import DcpOptError, InfeasibleError
+from tests.toy import toy_cost
+
+
+def test_sp_compute_overhead_scales_layer_time_at_its_degree_only():
+    base = toy_cost()
+    cost = base.with_(sp_compute_overhead=((2, 0.1),))
+    assert (cost.sp_factor(2), cost.sp_factor(4), cost.sp_factor(1)) == (1.1, 1.0, 1.0)
+    seq = Batch.from_lengths([8]).sequences
+    # 8 tokens: layers 6 * 8 / d seconds, x 1.1 at d = 2; the 0.5 s overhead is not a layer.
+    assert cost.microbatch_time(seq, 2).total_s == pytest.approx(24 * 1.1 + 0.5)
+    assert cost.microbatch_time(seq, 4).total_s == pytest.approx(12 + 0.5)
+    assert base.microbatch_time(seq, 2).total_s == pytest.approx(24 + 0.5)
+    # one recomputed layer's forward (8/2 s) is a layer too
+    assert cost.microbatch_time(seq, 2, 1).recompute_s == pytest.approx(4 * 1.1)
+
+
+@pytest.mark.parametrize(
+    "nodes, per, want",
+    [(1, 4, 2 * 3 / 4 * 4 / 2.0 + 0.25), (2, 2, 2 * 3 / 4 * 4 / 0.5 + 0.25), (1, 1, 0.25)],
+    ids=["one node", "two nodes", "one GPU"],
+)
+def test_grad_sync_is_a_ring_all_reduce_at_the_right_rate(nodes, per, want):
+    # 1 parameter x 4 bytes, ring all-reduce 2 (N-1)/N x bytes (Thakur et al. 2005) at 2 B/s
+    # inside a node, 0.5 B/s across, plus the 0.25 s step overhead; one GPU: the overhead only.
+    cost = toy_cost(nodes, per)
+    cost = cost.with_(
+        cluster=cost.cluster.with_(intra_node_bw=2.0, inter_node_bw=0.5),
+        grad_reduce_bytes_per_param=4.0,
+        step_overhead_s=0.25,
+    )
+    assert cost.grad_sync_time() == pytest.approx(want)
+
+
+@pytest.mark.parametrize(
+    "mode, want",
+    [
+        ("none", {"grad_all_reduce": 2 * 3 / 4 * 4.0}),
+        ("zero1", {"param_all_gather": 3 / 4 * 2.0, "grad_reduce_scatter": 3 / 4 * 4.0}),
+        ("zero3", {"param_all_gather": 3 / 4 * 2.0, "grad_reduce_scatter": 3 / 4 * 4.0}),
+    ],
+)
+def test_step_collectives_and_the_matching_reduce_bytes(mode, want):
+    cost = toy_cost().with_(optimizer_sharding=mode)
+    assert cost.step_collectives() == pytest.approx(want)
+    # grad_reduce_bytes_per_param that makes the all-reduce time carry the same bytes
+    synced = cost.with_(grad_reduce_bytes_per_param=runtime_reduce_bytes(mode))
+    assert 2 * 3 / 4 * synced.grad_reduce_bytes_per_param == pytest.approx(sum(want.values()))
+
+
+def test_runtime_reduce_bytes_refuses_an_unknown_mode():
+    assert (runtime_reduce_bytes("none"), runtime_reduce_bytes("zero2")) == (4.0, 3.0)
+    with pytest.raises(DcpOptError, match=r"optimizer_sharding: 'zero9' not allowed; allowed: "):
+        runtime_reduce_bytes("zero9")
+
+
+def test_check_fits_uses_the_roomiest_placement_of_the_largest_degree():
+    # Degrees 1 and 2 on ranks with 50, 100, 300, 400 bytes: the largest degree, 2, has
+    # capacities min(50, 100) = 50 at rank 0 and 300 at rank 2. All layers recomputed, T
+    # tokens at degree 2 need 9 + T/2 * 14: 40 tokens need 289 (fits 300), 44 need 317.
+    cost = toy_cost(memory_per_rank=(50.0, 100.0, 300.0, 400.0), degrees=(1, 2))
+    cost.check_fits(Batch.from_lengths([3, 40]))
+    with pytest.raises(InfeasibleError, match=r"sequence 2 \(shape \(44,\), 44 tokens\)") as e:
+        cost.check_fits(Batch.from_lengths([3, 40, 44, 50]))
+    assert (e.value.sequence_id, e.value.need_bytes, e.value.capacity_bytes) == (2, 317.0, 300.0)
+    assert "largest degree 2 with all 2 layers recomputed" in str(e.value)
+
+
+def test_coefficients_round_trip_through_their_dict():
+    coeffs = toy_cost().coeffs
+    assert CostCoefficients.from_dict(coeffs.to_dict()) == coeffs
+    changed = coeffs.to_dict() | {"microbatch_overhead_s": 0.75}
+    assert CostCoefficients.from_dict(changed) == replace(coeffs, microbatch_overhead_s=0.75)
+    flops = CostModel(toy_cost().model, toy_cost().cluster).coeffs  # FLOP-derived preset
+    assert CostCoefficients.from_dict(flops.to_dict()) == flops
+    broken = coeffs.to_dict()
+    del broken["blocks"]["layer"]["fwd"]
+    with pytest.raises(DcpOptError, match=r"cost coefficients: malformed \('fwd'\)"):
+        CostCoefficients.from_dict(broken)
