@@ -30,7 +30,7 @@ from dcp_opt.runtime.launch import cpu_cost_model, init_distributed
 from dcp_opt.runtime.models import model_spec
 from dcp_opt.runtime.sharding import shard
 
-from dcp_opt.cost import SHARDING_MODES
+from dcp_opt.cost import SHARDING_MODES, runtime_reduce_bytes
 
 
 class ProgressionDataset(torch.utils.data.Dataset):
@@ -112,7 +112,9 @@ def main():
     model, task, cost = build_model(args, cfg, state, world)
     sharding = None
     if args.sharding:  # plan for the mode that runs; shard, then build AdamW over the shards
-        cost = cost.with_(optimizer_sharding=args.sharding)
+        # charge what runs: the mode's memory, and its step collectives in the step time
+        cost = cost.with_(optimizer_sharding=args.sharding,
+                          grad_reduce_bytes_per_param=runtime_reduce_bytes(args.sharding))  # fmt: skip
         dtype = "bf16" if args.dtype == "bf16" else None
         sharding = shard(model, lambda ps: torch.optim.AdamW(ps, lr=args.lr),
                          mode=args.sharding, pool=pool, task=task, dtype=dtype)  # fmt: skip
