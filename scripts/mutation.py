@@ -55,10 +55,12 @@ MODULES = {
     "cost": Module(
         "dcp_opt/cost.py",
         (
+            "tests/test_cost.py",
             "tests/test_core.py",
             "tests/test_bounds.py",
             "tests/test_validate.py",
-            "tests/test_fit.py",
+            "tests/test_simulate.py",
+            "tests/test_profile_io.py",
         ),
     ),
     "common": Module(
