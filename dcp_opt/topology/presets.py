@@ -6,14 +6,16 @@ Sources:
   72 Blackwell GPUs behind one NVLink switch system, NVLink 5 1.8 TB/s per GPU
   bidirectional (900 GB/s each way), 186 GB HBM3e per GPU (13.4 TB per rack), FP16/BF16
   360 PFLOPS per rack with sparsity (2.5 PFLOPS dense per GPU). Racks join over
-  InfiniBand, one 400 Gb/s ConnectX-7 port per GPU (50 GB/s) in the DGX GB200 reference
-  architecture (NVIDIA DGX SuperPOD: Next Generation Scalable Infrastructure for AI
-  Leadership, RA-11334, compute fabric), modelled here as one non-blocking switch.
-- DGX H100 SuperPOD (NVIDIA DGX SuperPOD Reference Architecture, DGX H100, RA-11333,
-  "Compute Fabric"): a scalable unit of 32 DGX H100 nodes; rail-optimized: GPU i of every
-  node's ConnectX-7 (400 Gb/s) goes to rail leaf i; leaves are non-blocking (as many 400G
-  uplinks to the spine as downlinks). NVLink 4 inside a node, 900 GB/s bidirectional per
-  GPU (450 GB/s each way); PCIe Gen5 x16 between GPU and NIC (~64 GB/s each way).
+  InfiniBand, one 400 Gb/s (NDR) port per GPU (50 GB/s) in the DGX SuperPOD reference
+  architecture for DGX GB200 (docs.nvidia.com/dgx-superpod/reference-architecture-scalable-
+  infrastructure-gb200: scalable units of 8 NVL72 racks, NDR InfiniBand compute fabric),
+  modelled here as one non-blocking switch.
+- DGX H100 SuperPOD (NVIDIA DGX SuperPOD Reference Architecture featuring DGX H100,
+  RA-11333-001, "Compute Fabric"): a scalable unit of 32 DGX H100 nodes; rail-optimized:
+  GPU i of every node's ConnectX-7 (400 Gb/s) goes to rail leaf i; leaves are non-blocking
+  (as many 400G uplinks to the spine as downlinks). NVLink 4 inside a node, 900 GB/s
+  bidirectional per GPU (450 GB/s each way); PCIe Gen5 x16 between GPU and NIC (~64 GB/s
+  each way).
 - Two-tier fat-tree oversubscribed r:1: a leaf per 4 DGX H100 nodes (32 x 400G down) with
   32/r 400G uplinks spread over the spines; oversubscription = downlink / uplink capacity
   at the leaf (Al-Fares et al. 2008, "A scalable, commodity data center network
