@@ -183,7 +183,7 @@ def execute_step(
         check_same_plan(plan)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
     if sharding is not None:
-        sharding.check_plan(plan)
+        sharding.check_plan(plan, model)
         sharding.begin_step()
     get = data if callable(data) else data.__getitem__
     started = time.perf_counter()

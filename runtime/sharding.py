@@ -125,9 +125,14 @@ class Sharding:
     # the step's peak of model states (benchmarks/bench_memory.py measures there).
     probe: Callable | None = None
 
-    def check_plan(self, plan) -> None:
+    def check_plan(self, plan, model: nn.Module | None = None) -> None:
         """Fail (on every rank alike: they hold the same plan) if the plan was made for
-        another mode. A plan without a recorded mode (made before plans recorded it) runs."""
+        another mode, or `model` is not the sharded one. A plan without a recorded mode (made
+        before plans recorded it) runs."""
+        if model is not None and model is not self.model:
+            raise DcpOptError(
+                "model: not the model this Sharding wraps; allowed: the module passed to shard()"
+            )
         planned = getattr(plan, "optimizer_sharding", "")
         if planned and planned != self.mode:
             raise ShardingModeError(
@@ -182,6 +187,11 @@ def shard(
     its optimizer with `make_optimizer(params)`. Bad input raises before the model changes."""
     _check_inputs(model, make_optimizer, mode, dtype)
     sample = closing_sample(task, model)
+    if not isinstance(pool, GroupPool):
+        raise DcpOptError(
+            f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
+            "GroupPool.create() after torch.distributed.init_process_group"
+        )
     # none: a full replica, FSDP2 over this rank alone (its casts, no world collective)
     group = pool.get(pool.rank, 1) if mode == "none" else dist.group.WORLD
     mesh = DeviceMesh.from_group(group, "cuda" if dist.get_backend() == "nccl" else "cpu")

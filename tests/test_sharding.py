@@ -473,6 +473,8 @@ def test_bad_mode_dtype_and_params_leave_the_model_untouched():
     with pytest.raises(DcpOptError, match=r"^model parameters: 'count' is torch.int64, not float"):
         shard(model, adamw, mode="zero1", pool=None, task=LMTask())
     del model.count
+    with pytest.raises(DcpOptError, match=r"^pool: expected the GroupPool of this run, got NoneT"):
+        shard(model, adamw, mode="zero1", pool=None, task=LMTask())
     for n, p in model.named_parameters():
         assert type(p) is kinds[n] and torch.equal(p, before[n])
 
@@ -483,7 +485,10 @@ def test_a_plan_made_for_another_mode_is_refused_naming_both():
     sh = Sharding("zero1", None, None, [], None, None)
     with pytest.raises(ShardingModeError, match=r"planned 'zero3' but this run shards 'zero1'"):
         sh.check_plan(plan)
-    Sharding("zero3", None, None, [], None, None).check_plan(plan)  # the same mode runs
+    ok = Sharding("zero3", "the model", None, [], None, None)
+    ok.check_plan(plan, "the model")  # the same mode and model run
+    with pytest.raises(DcpOptError, match=r"^model: not the model this Sharding wraps"):
+        ok.check_plan(plan, "another model")
     legacy = Plan.from_dict({k: v for k, v in plan.to_dict().items() if k != "optimizer_sharding"})
     assert legacy.optimizer_sharding == ""
     sh.check_plan(legacy)  # a plan from before the field: nothing recorded, nothing to refuse
