@@ -17,7 +17,8 @@ Batches where cpsat's gap is above --explain-above (8 %) are explained: cpsat ag
 --long-budget (10 s: what more search gains; the rest of the gap is the bound's), and the
 exact model on the batch's 8 longest sequences (optimal there is a lower bound on the whole
 batch's optimum, "tight_bound_s").
---quick: 2M tokens, the 2D workloads and 2d-imageheavy, 6 models.
+--quick: a smoke run (2M tokens, the 2D workloads and 2d-imageheavy, 5 models, one batch per
+row, so one batch decides a row's median); the acceptance figures are the default run's.
 JSON: {"config", "rows": [per model x workload: model, workload, batches, greedy_gap_median,
 greedy_gap_max, cpsat_gap_median, cpsat_gap_max, rule_beats_greedy, rule_beats_cpsat],
 "batches": [per batch: model, workload, tokens, seed, seqs, bound_s, greedy_s, cpsat_s,
