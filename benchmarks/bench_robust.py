@@ -1,6 +1,6 @@
 """Planner quality across the cost models users may measure (issue 19), in one run.
 
-    .venv/bin/python benchmarks/bench_robust.py [--quick] [--batches 1] [--cluster h200x8]
+    .venv/bin/python benchmarks/bench_robust.py [--quick] [--batches 2] [--cluster h200x8]
         [--sizes 2M,16M] [--models preset,sp-step,...] [--workloads ...] [--json OUT]
 
 For every perturbed cost model of dcp_opt.perturb.FAMILY (built on the preset of the
@@ -231,7 +231,7 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--batches", type=int, default=1)
+    ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--cluster", default="h200x8")
     ap.add_argument("--sizes", default=",".join(SIZES))
     ap.add_argument("--models", default=",".join(FAMILY))
