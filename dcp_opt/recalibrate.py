@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -132,15 +132,18 @@ class Recalibrator:
         """A CostModel whose micro-batch times carry the current factors."""
         base = cost.base if isinstance(cost, RecalibratedCostModel) else cost
         return RecalibratedCostModel(
-            base.model,
-            base.cluster,
-            base.coeffs,
-            base.optimizer_sharding,
-            base.usable_memory_fraction,
-            base.grad_reduce_bytes_per_param,
+            **_cost_fields(base),
             degree_factors=self.degree_factors(),
             default_factor=self.factor(None),
         )
+
+
+def _cost_fields(cost: CostModel) -> dict:
+    """Every field a CostModel is built from (every knob included, so a recalibrated model
+    charges what its base charges), without the memo."""
+    return {
+        f.name: getattr(cost, f.name) for f in fields(CostModel) if f.init and f.name != "_cache"
+    }
 
 
 @dataclass(frozen=True)
@@ -155,14 +158,7 @@ class RecalibratedCostModel(CostModel):
 
     @property
     def base(self) -> CostModel:
-        return CostModel(
-            self.model,
-            self.cluster,
-            self.coeffs,
-            self.optimizer_sharding,
-            self.usable_memory_fraction,
-            self.grad_reduce_bytes_per_param,
-        )
+        return CostModel(**_cost_fields(self))
 
     def time_parts(self, feats, d: int, recompute_layers, **kw):
         f = self.factor(d)

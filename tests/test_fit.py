@@ -178,3 +178,30 @@ def test_recalibrated_cost_scales_microbatch_times_in_simulate():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fixed.with_(usable_memory_fraction=0.5)  # replace keeps the subclass
+
+
+def test_recalibration_keeps_every_knob_of_its_base():
+    """A recalibrated model charges what its base charges (SP overhead, replicated per-sample
+    work, per-step cost), times the factor: the knobs survive `corrected` and `base`."""
+    from dataclasses import fields
+
+    from dcp_opt import CostModel, cluster_preset, model_preset
+
+    cost = CostModel(
+        model_preset("llama-1b"),
+        cluster_preset("h200x8"),
+        sp_compute_overhead=((2, 0.3), (4, 0.5)),
+        replicated_seq_s=0.01,
+        step_overhead_s=0.25,
+    )
+    rc = Recalibrator()
+    for _ in range(5):
+        rc.observe(2, 1.0, 1.0)  # factor 1: the recalibrated times must equal the base's
+    fixed = rc.corrected(cost)
+    for f in fields(CostModel):
+        if f.init and f.name != "_cache":
+            assert getattr(fixed, f.name) == getattr(cost, f.name), f.name
+    assert fixed.base == cost
+    assert fixed.grad_sync_time() == cost.grad_sync_time()
+    feats = cost.features(Batch.from_lengths([4096]).sequences[0])
+    assert float(fixed.time(feats, 2)) == float(cost.time(feats, 2))
