@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from . import cp_cost
 from .batch import Batch, Sequence
 from .cluster import GB, Cluster
 from .errors import DcpOptError, InfeasibleError
@@ -157,6 +158,18 @@ def flops_coefficients(
         reserved_bytes=eff.reserved_bytes,
         source="flops",
     )
+
+
+def windowed_quad(t, window: int = 0, share: float = 1.0):
+    """Attention feature Q of a causal 1D sequence of t tokens (a float or an array) when a
+    `share` of the layers has a sliding window of `window` keys (0: none): s^2, less
+    share * (s - w)^2 for s > w (CostModel._quad_1d gives the arithmetic). The one definition:
+    the cost model's features and the profiler's fit (dcp_opt/fit.py) both call it. Without
+    a window it is t * t bit for bit."""
+    if not window:
+        return t * t
+    excess = np.maximum(t - window, 0.0)
+    return t * t - share * (excess * excess)
 
 
 @dataclass(frozen=True)
@@ -294,10 +307,7 @@ class CostModel:
         keys, w(w+1)/2 + (s-w)w ~ s*w - w^2/2 pairs for s > w: Q_w = s^2 - (s-w)^2 = 2sw - w^2
         (equal to s^2 at s = w). Without a window the feature is s^2 bit for bit as before."""
         m = self.model
-        if not m.windowed_layers:
-            return t * t
-        excess = np.maximum(t - m.window, 0.0)
-        return t * t - m.windowed_share * (excess * excess)
+        return windowed_quad(t, m.window if m.windowed_layers else 0, m.windowed_share)
 
     def batch_features(self, batch: Batch) -> np.ndarray:
         key = ("bf", batch.fingerprint())
@@ -318,12 +328,15 @@ class CostModel:
         h = self.model.num_heads
         return math.ceil(h / d) / h
 
-    def _layer_vectors(self, d: int) -> tuple[np.ndarray, float, np.ndarray, float]:
-        """(w_fwd, c_fwd, w_bwd, c_bwd): one layer's time = features @ w + c at degree d."""
-        key = ("lv", d)
+    def _layer_vectors(
+        self, d: int, kind: str = "ulysses"
+    ) -> tuple[np.ndarray, float, np.ndarray, float]:
+        """(w_fwd, c_fwd, w_bwd, c_bwd): one layer's time = features @ w + c at degree d.
+        Under `cp` the attention splits 1/d by causal head-tail chunks (cp_cost)."""
+        key = ("lv", d) if kind == "ulysses" else ("lv", d, kind)
         if key in self._cache:
             return self._cache[key]
-        hs = self._heads_share(d)
+        hs = self._heads_share(d) if kind == "ulysses" else 1.0 / d
         nb = len(self.model.block_types)
         out = []
         for part in ("fwd", "bwd"):
@@ -344,22 +357,24 @@ class CostModel:
         self._cache[key] = tuple(out)
         return self._cache[key]
 
-    def _layer_stack(self, degrees: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    def _layer_stack(
+        self, degrees: tuple[int, ...], kind: str = "ulysses"
+    ) -> tuple[np.ndarray, ...]:
         """_layer_vectors of every degree, stacked: (W_fwd (D, F), c_fwd (D,), W_bwd, c_bwd)."""
-        key = ("ls", degrees)
+        key = ("ls", degrees) if kind == "ulysses" else ("ls", degrees, kind)
         if key not in self._cache:
-            vs = [self._layer_vectors(d) for d in degrees]
+            vs = [self._layer_vectors(d, kind) for d in degrees]
             self._cache[key] = tuple(np.array([v[k] for v in vs]) for k in range(4))
         return self._cache[key]
 
-    def layer_times(self, feats, d) -> tuple[np.ndarray, np.ndarray]:
+    def layer_times(self, feats, d, kind: str = "ulysses") -> tuple[np.ndarray, np.ndarray]:
         """(fwd, bwd) seconds of one layer for rows of `feats` (n, F) at degree d. A column
         of degrees (D, 1) gives (D, n): a stack of matrix-vector products, so each row is
         bit-for-bit the one-degree call (one matrix product would round differently)."""
         if np.ndim(d) == 0:
-            wf, cf, wb, cb = self._layer_vectors(d)
+            wf, cf, wb, cb = self._layer_vectors(d, kind)
             return feats @ wf + cf, feats @ wb + cb
-        wf, cf, wb, cb = self._layer_stack(tuple(int(x) for x in np.ravel(d)))
+        wf, cf, wb, cb = self._layer_stack(tuple(int(x) for x in np.ravel(d)), kind)
         fwd = np.matmul(feats, wf[:, :, None])[..., 0] + cf[:, None]
         return fwd, np.matmul(feats, wb[:, :, None])[..., 0] + cb[:, None]
 
@@ -374,9 +389,12 @@ class CostModel:
         share = np.vectorize(self.model.a2a_volume_share, otypes=[float])(d)
         return base * share
 
-    def comm_time_per_layer(self, tokens, d, spans_nodes):
+    def comm_time_per_layer(self, tokens, d, spans_nodes, kind: str = "ulysses"):
         """All-to-all time of one layer's forward (backward pays the same again).
-        Elementwise: `d` and `spans_nodes` may be arrays that broadcast with `tokens`."""
+        Elementwise: `d` and `spans_nodes` may be arrays that broadcast with `tokens`.
+        `kind="cp"`: the K/V all-gather of context parallelism (cp_cost)."""
+        if kind != "ulysses":
+            return cp_cost.comm_time_per_layer(self, tokens, d, spans_nodes)
         c = self.cluster
         d = np.asarray(d)
         tokens = np.asarray(tokens, dtype=float)
@@ -405,20 +423,26 @@ class CostModel:
         *,
         spans_nodes=None,
         speed=1.0,
+        kind="ulysses",
     ):
         """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds.
         `d` may be a column of degrees (D, 1): each part is then (D, n), one row per degree,
-        and `recompute_layers`, `spans_nodes` and `speed` broadcast against it."""
+        and `recompute_layers`, `spans_nodes` and `speed` broadcast against it. `kind`: the
+        SP kind of the group, "ulysses" or "cp" (cp_cost)."""
+        if kind != "ulysses":
+            cp_cost.check_kind(self.model, kind)
         feats = np.asarray(feats, dtype=float)
         if spans_nodes is None and self.cluster.topology is None:  # None: per-degree default
             spans_nodes = np.asarray(d) > self.cluster.gpus_per_node
-        fwd, bwd = self.layer_times(feats, d)
+        fwd, bwd = self.layer_times(feats, d, kind)
         tokens = feats[..., -2]
         return self.time_parts_from(
-            fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed
+            fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed, kind=kind
         )
 
-    def time_parts_from(self, fwd, bwd, tokens, d, recompute_layers, *, spans_nodes, speed):
+    def time_parts_from(
+        self, fwd, bwd, tokens, d, recompute_layers, *, spans_nodes, speed, kind="ulysses"
+    ):
         """time_parts from one layer's (fwd, bwd) seconds (layer_times). Elementwise: every
         argument may be an array, e.g. one degree, span and speed per micro-batch."""
         L = self.model.num_layers
@@ -426,7 +450,7 @@ class CostModel:
         head = tokens / d * (co.head_fwd_per_token_s + co.head_bwd_per_token_s)
         compute = L * (fwd + bwd) + head + co.microbatch_overhead_s
         r = np.asarray(recompute_layers, dtype=float)
-        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes)
+        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
         recompute = r * fwd  # one more forward per recomputed layer (Chen et al. 2016)
         if np.ndim(speed) or speed != 1:  # x / 1.0 == x: skip two passes at full speed
             compute, recompute = compute / speed, recompute / speed
@@ -439,13 +463,14 @@ class CostModel:
         that reprices it per degree (recalibrate.RecalibratedCostModel) takes one degree."""
         return type(self).time_parts is CostModel.time_parts
 
-    def time_by_degree(self, feats, degrees, recompute_layers) -> np.ndarray:
+    def time_by_degree(self, feats, degrees, recompute_layers, kind="ulysses") -> np.ndarray:
         """time() of every row of `feats` (n, F) at every degree (D,) -> (D, n), with
         `recompute_layers` (D, n): one vectorised call, or one per degree for a subclass."""
+        kw = {} if kind == "ulysses" else {"kind": kind}
         if self.takes_degree_vectors:
-            return self.time(feats, np.asarray(degrees)[:, None], recompute_layers)
+            return self.time(feats, np.asarray(degrees)[:, None], recompute_layers, **kw)
         rows = zip(degrees, recompute_layers, strict=True)
-        return np.stack([self.time(feats, d, r) for d, r in rows])
+        return np.stack([self.time(feats, d, r, **kw) for d, r in rows])
 
     def time(self, feats, d, recompute_layers=0, **kw):
         c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
@@ -459,9 +484,13 @@ class CostModel:
         *,
         spans_nodes: bool | None = None,
         speed: float = 1.0,
+        kind: str = "ulysses",
     ) -> TimeBreakdown:
         f = sum(self.features(s) for s in seqs)
-        c, r, m = self.time_parts(f, d, recompute_layers, spans_nodes=spans_nodes, speed=speed)
+        kw = {} if kind == "ulysses" else {"kind": kind}
+        c, r, m = self.time_parts(
+            f, d, recompute_layers, spans_nodes=spans_nodes, speed=speed, **kw
+        )
         return TimeBreakdown(float(c), float(r), float(m))
 
     # ---- memory ------------------------------------------------------------------------
@@ -493,30 +522,38 @@ class CostModel:
     def fixed_bytes(self) -> float:
         return self.model_state_bytes() + self.coeffs.reserved_bytes
 
-    def memory(self, tokens, d, recompute_layers=0):
+    def _act_bytes(self, d, kind: str):
+        """Saved bytes per local token per layer: the coefficient, plus under cp the
+        gathered K/V of the other members (cp_cost.extra_act_bytes)."""
+        act = self.coeffs.act_bytes_per_token_layer
+        if kind == "ulysses":
+            return act
+        cp_cost.check_kind(self.model, kind)
+        return act + cp_cost.extra_act_bytes(self.model, d)
+
+    def memory(self, tokens, d, recompute_layers=0, kind="ulysses"):
         """Peak bytes on each member of a degree-d group (elementwise over tokens, d, r)."""
         co, L = self.coeffs, self.model.num_layers
         r = np.asarray(recompute_layers, dtype=float)
+        act = self._act_bytes(d, kind)
         per_token = (
-            (L - r) * co.act_bytes_per_token_layer
-            + r * co.ckpt_bytes_per_token_layer
-            + co.act_bytes_per_token_layer
-            + co.head_bytes_per_token
+            (L - r) * act + r * co.ckpt_bytes_per_token_layer + act + co.head_bytes_per_token
         )
         return self.fixed_bytes() + np.asarray(tokens, dtype=float) / d * per_token
 
     def capacity(self, start: int = 0, degree: int = 1) -> float:
         return self.cluster.group_memory(start, degree) * self.usable_memory_fraction
 
-    def min_recompute(self, tokens, d, capacity=None):
+    def min_recompute(self, tokens, d, capacity=None, kind="ulysses"):
         """Fewest recomputed layers that fit; -1 where even r = L does not fit. Elementwise:
         tokens (n,) with a column of degrees and their capacities (D, 1) give (D, n)."""
         cap = self.capacity() if capacity is None else capacity
         co, L = self.coeffs, self.model.num_layers
         t = np.asarray(tokens, dtype=float) / d
         room = cap - self.fixed_bytes()
-        base = t * ((L + 1) * co.act_bytes_per_token_layer + co.head_bytes_per_token)
-        saved_per_layer = t * (co.act_bytes_per_token_layer - co.ckpt_bytes_per_token_layer)
+        act = self._act_bytes(d, kind)
+        base = t * ((L + 1) * act + co.head_bytes_per_token)
+        saved_per_layer = t * (act - co.ckpt_bytes_per_token_layer)
         with np.errstate(divide="ignore", invalid="ignore"):
             need = np.ceil((base - room) / np.maximum(saved_per_layer, 1e-30) - 1e-9)
         r = np.maximum(need, 0)  # np.clip costs more per call
