@@ -373,7 +373,7 @@ def stream_config(args: argparse.Namespace):
     kw: dict = dict(QUICK) if args.quick else {}
     kw["cluster"] = args.cluster
     kw["seed"] = args.seed
-    kw["workloads"] = _split(args.workloads) or STREAM_WORKLOADS
+    kw["workloads"] = _split(args.workloads) or kw.get("workloads", STREAM_WORKLOADS)
     if args.planners:
         kw["planners"] = _split(args.planners)
     if args.epoch_batches is not None:
