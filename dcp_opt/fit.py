@@ -5,7 +5,8 @@ sequences (the form CostModel uses; docs/profiler.md):
 
     t = quad * Q + lin * T + seq * S + const
 
-Q is the block's attention feature (1D layer: sum s^2; 2D spatial: sum F*S^2, temporal:
+Q is the block's attention feature (1D layer: sum s^2, or with a sliding window w sum
+s^2 - (s - w)^2 over s > w, dcp_opt.cost.windowed_quad; 2D spatial: sum F*S^2, temporal:
 sum S*F^2), T the tokens, S the number of sequences. The fit is a non-negative least squares
 (scipy.optimize.lsq_linear) on *relative* residuals (each row divided by its measurement):
 the planner cares about relative error, and an unweighted fit lets the longest points drown
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from .cost import TermCoeffs
+from .cost import TermCoeffs, windowed_quad
 from .errors import DcpOptError
 
 TERMS = ("quad", "lin", "seq", "const")
@@ -39,15 +40,22 @@ class PoorFitWarning(UserWarning):
     """Held-out error of a fit is above the thresholds of the fit report."""
 
 
-def block_features(block_type: str, shapes: Sequence[Sequence[int]]) -> np.ndarray:
+def block_features(
+    block_type: str, shapes: Sequence[Sequence[int]], *, window: int = 0
+) -> np.ndarray:
     """[Q, T, S] of a micro-batch of `shapes` for one block type (same as CostModel.features).
 
-    1D shapes are (length,); 2D shapes are (frames, height, width) in latent patches."""
+    1D shapes are (length,); 2D shapes are (frames, height, width) in latent patches.
+    `window`: the sliding window of the measured 1D layer (0: none); its Q is the cost
+    model's windowed term (dcp_opt.cost.windowed_quad), so the fitted `quad` is the cost of
+    one unit of the same Q the cost model charges."""
+    if window and block_type != "layer":
+        raise DcpOptError(f"window: {window} not allowed for block {block_type!r}; allowed: 0")
     q = t = 0.0
     for shape in shapes:
         if block_type == "layer":
             (s,) = shape
-            q += float(s) * s  # causal halving is inside the fitted coefficient
+            q += windowed_quad(float(s), window)  # causal halving is inside the coefficient
             t += s
             continue
         f, h, w = shape
@@ -179,10 +187,12 @@ def fit_block_time(
     seconds: Sequence[float],
     *,
     label: str | None = None,
+    window: int = 0,
     **kw,
 ) -> Fit:
-    """Fit TermCoeffs (quad, lin, seq, const) of one block from measured micro-batches."""
-    feats = np.array([block_features(block_type, s) for s in shapes_per_point])
+    """Fit TermCoeffs (quad, lin, seq, const) of one block from measured micro-batches
+    (`window`: the measured layer's sliding window, block_features)."""
+    feats = np.array([block_features(block_type, s, window=window) for s in shapes_per_point])
     x = np.column_stack([feats, np.ones(len(feats))])
     return fit_nonneg(x, np.asarray(seconds), TERMS, label=label or block_type, **kw)
 

@@ -41,8 +41,11 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
         plain = [p for p in points if p.block == name and not p.recompute]
         rec = [p for p in points if p.block == name and p.recompute]
         shapes = [p.shapes for p in plain]
-        f = fit_block_time(name, shapes, [p.fwd_s for p in plain], label=f"{name}.fwd", **kw)
-        b = fit_block_time(name, shapes, [p.bwd_s for p in plain], label=f"{name}.bwd", **kw)
+        # the measured layer's own sliding window (an HF adapter's; 0: none): the fit's Q is
+        # then the cost model's windowed term (dcp_opt.cost.windowed_quad)
+        win = dict(kw, window=int(getattr(target.blocks[name], "window", 0) or 0))
+        f = fit_block_time(name, shapes, [p.fwd_s for p in plain], label=f"{name}.fwd", **win)
+        b = fit_block_time(name, shapes, [p.bwd_s for p in plain], label=f"{name}.bwd", **win)
         blocks[name] = (f.as_terms(), b.as_terms())
         toks = [p.tokens for p in plain]
         m_act = fit_per_token(
@@ -64,6 +67,7 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
             "act_bytes": m_act.report.to_dict(),
             "ckpt_bytes": m_ck.report.to_dict(),
             "recompute_extra_forward_ratio": _recompute_ratio(plain, rec),
+            **({"window": win["window"]} if win["window"] else {}),
             "num_points": len(plain) + len(rec),
         }
     head = _fit_head(points, report, kw)

@@ -10,7 +10,9 @@ restart at every sequence, through transformers' own decoder layer, with runtime
 "dcp_ulysses" attention function at SP degree 1 (no all-to-all): one PyTorch SDPA call per
 packed sequence (4-D, causal, no mask: the flash kernel on CUDA at bf16, the fused kernel on
 CPU), cost sum s^2, as the cost model and FlashAttention's varlen kernels assume (Dao 2023,
-sec. 3.1).
+sec. 3.1). A layer with a sliding window w (Mistral, Qwen2 / Gemma 2-3 "sliding_attention"
+layers) attends within it, cost sum s^2 - (s - w)^2: its adapter carries the window and the
+fit uses that feature (dcp_opt.cost.windowed_quad).
 
 A config is built offline and never downloaded: a built-in name, a directory holding
 config.json, a config.json file, or a hub id already in the local cache. Only one decoder
@@ -30,9 +32,10 @@ import torch
 from torch import nn
 
 from dcp_opt.errors import DcpOptError
+from dcp_opt.hf_spec import attention_windows, spec_from_hf_config
 from dcp_opt.model import ModelSpec
 
-from .hf import ATTN_NAME, config_kv_heads, decoder_layers, parallelize_hf
+from .hf import ATTN_NAME, decoder_layers, parallelize_hf
 from .parallelize import SPState
 from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes
 
@@ -122,9 +125,12 @@ class HFLayerAdapter:
 
     block_type = "layer"
 
-    def __init__(self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state, seed=0):
+    def __init__(
+        self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state, seed=0, window=0
+    ):
         self.module, self.rotary, self.hidden = layer, rotary, hidden
         self.state, self.seed = state, seed
+        self.window = window  # the layer's sliding window (0: none): the fit's Q follows it
 
     def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
         device = torch.device(device)
@@ -184,25 +190,26 @@ def _build_one_layer(config, *, dtype, device, seed: int) -> nn.Module:
     return model.to(dtype)
 
 
-def hf_spec(config, layer: nn.Module, *, name: str, dtype_bytes: int, extra_params: int):
-    """The cost-model view of the full-depth model: depth and widths from the config, gated
-    MLP if the layer has a gate projection, parameters counted exactly (one layer's times the
-    depth, plus embedding, norm and head in `extra_params`), and the kv heads of
-    grouped-query attention (fewer all-to-all bytes, ModelSpec.a2a_volume_share)."""
-    per_layer = sum(p.numel() for p in layer.parameters())
-    return ModelSpec(
-        name,
-        "1d",
-        int(config.num_hidden_layers),
-        int(config.hidden_size),
-        int(config.num_attention_heads),
-        int(config.intermediate_size),
-        vocab_size=int(config.vocab_size),
-        gated_mlp=hasattr(getattr(layer, "mlp", None), "gate_proj"),
-        dtype_bytes=dtype_bytes,
-        num_params=float(per_layer * config.num_hidden_layers + extra_params),
-        num_kv_heads=config_kv_heads(config),
-    )
+def hf_spec(config, *, name: str, dtype_bytes: int) -> ModelSpec:
+    """The cost-model view of the full-depth model, from its config alone
+    (dcp_opt.hf_spec.spec_from_hf_config, as runtime.hf.model_spec builds it for training):
+    depth, widths, gated MLP, the kv heads of grouped-query attention (fewer all-to-all
+    bytes), sliding windows (`window`, `windowed_layers`; the cost model's attention term
+    follows them) and the exact parameter count. A family it does not cover is refused
+    with the allowed list."""
+    return spec_from_hf_config(config, name=name, dtype_bytes=dtype_bytes)
+
+
+def layer_window(config, index: int = 0) -> int:
+    """Sliding window of decoder layer `index` (0: full attention), as transformers builds
+    it: `layer_types[index]` when the config lists them (Qwen2, Gemma 2/3: "sliding_attention"
+    layers use `sliding_window`), else `sliding_window` on every layer (Mistral, Phi-3)."""
+    attention_windows(config)  # checks the window and layer types, naming the field
+    window = getattr(config, "sliding_window", None) or 0
+    types = getattr(config, "layer_types", None)
+    if types is not None and types[index] != "sliding_attention":
+        return 0
+    return int(window)
 
 
 def hf_target(
@@ -230,24 +237,24 @@ def hf_target(
         layer = layers[0]
     dtype = next(layer.parameters()).dtype
     state = _runtime_attention(layer)
-    outside = [embed, norm] + ([] if head.weight is embed.weight else [head])
     spec = hf_spec(
         config,
-        layer,
         name=name or f"hf:{config.name_or_path or config.model_type}",
         dtype_bytes=torch.finfo(dtype).bits // 8,
-        extra_params=sum(p.numel() for m in outside for p in m.parameters()),
     )
+    window = layer_window(config, 0)  # the measured layer is the model's first
     shim = SimpleNamespace(embed=embed, norm=norm, head=head, cfg=config)  # LMHeadAdapter's view
     meta = {
         "hf_model_type": config.model_type,
         "num_kv_heads": int(getattr(config, "num_key_value_heads", config.num_attention_heads)),
         "head_dim": int(layer.self_attn.head_dim),
         "attention": ATTN_NAME,
+        **({"window": window} if window else {}),
     }
+    adapter = HFLayerAdapter(layer, rotary, spec.hidden, state=state, seed=seed, window=window)
     return ProfileTarget(
         spec,
-        {"layer": HFLayerAdapter(layer, rotary, spec.hidden, state=state, seed=seed)},
+        {"layer": adapter},
         LMHeadAdapter(shim, seed),
         signature=f"hf/{json.dumps(meta, sort_keys=True)}/{spec.to_dict()}/{dtype}",
         meta=meta,

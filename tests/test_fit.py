@@ -40,6 +40,35 @@ def test_block_features_match_cost_model():
     assert list(block_features("layer", [(5,), (7,)])) == list(want)
 
 
+def test_windowed_block_features_by_hand_and_as_the_cost_model():
+    # Window 4: a sequence of 10 scores 10^2 - (10 - 4)^2 = 64 (~2 s w - w^2 = 80 - 16);
+    # one of 3 (shorter than the window) stays 3^2 = 9. T = 13, S = 2.
+    assert list(block_features("layer", [(10,), (3,)], window=4)) == [73, 13, 2]
+    assert list(block_features("layer", [(10,), (3,)])) == [109, 13, 2]  # no window: s^2
+    with pytest.raises(DcpOptError, match="window"):
+        block_features("spatial", [(2, 3, 1)], window=4)
+    # the same Q as a cost model of an all-windowed model (one definition, cost.windowed_quad)
+    from dataclasses import replace
+
+    cost = toy_cost()
+    wcost = cost.with_(model=replace(cost.model, window=4, windowed_layers=cost.model.num_layers))
+    want = sum(wcost.features(s) for s in Batch.from_lengths([10, 3]).sequences)
+    assert list(block_features("layer", [(10,), (3,)], window=4)) == list(want)
+
+
+def test_windowed_fit_recovers_the_quad_term():
+    # times generated with the windowed Q: the windowed fit recovers them exactly, a fit on
+    # plain s^2 cannot (the quad column no longer matches the times' shape)
+    true = np.array([2e-7, 3e-5, 1e-4, 2e-3])
+    x = np.array([[*block_features("layer", p, window=128), 1.0] for p in GRID_1D])
+    y = x @ true
+    fit = fit_block_time("layer", GRID_1D, y, window=128, warn=False)
+    assert np.allclose(fit.coef, true, rtol=1e-6)
+    assert fit.report.median_rel_err_test < 1e-6
+    plain = fit_block_time("layer", GRID_1D, y, warn=False)
+    assert plain.report.max_rel_err_test > 0.05
+
+
 def test_fit_recovers_known_coefficients_exactly():
     # t = 2e-9 Q + 3e-6 T + 5e-5 S + 1e-4: noiseless data -> the fit returns these numbers.
     true = dict(quad=2e-9, lin=3e-6, seq=5e-5, const=1e-4)

@@ -185,3 +185,62 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
     assert main(["profile", "--model", "hf:tiny-llama", "-o", out]) == 2
     assert "pip install 'dcp_opt[hf]'" in capsys.readouterr().err
+
+
+# ---- sliding windows (issue 12): the spec records them, the fit's Q follows them ----------
+def _windowed_configs():
+    from transformers import MistralConfig, Qwen2Config
+
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
+    mistral = MistralConfig(**base, num_hidden_layers=2, sliding_window=24)
+    # Qwen2 with alternating sliding / full layers (layer_types), window 24 on layer 0
+    qwen2 = Qwen2Config(**base, num_hidden_layers=4, use_sliding_window=True, sliding_window=24,
+                        layer_types=["sliding_attention", "full_attention"] * 2)  # fmt: skip
+    return {"mistral": mistral, "qwen2": qwen2}
+
+
+@pytest.mark.parametrize("family, windowed_layers", [("mistral", 2), ("qwen2", 2)])
+def test_windowed_spec_and_layer_attend_within_the_window(family, windowed_layers):
+    from transformers import AutoModelForCausalLM
+
+    cfg = _windowed_configs()[family]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").double()
+    target = hf_target(model)
+    assert (target.model.window, target.model.windowed_layers) == (24, windowed_layers)
+    assert target.model.num_params == sum(p.numel() for p in model.parameters())
+    block = target.blocks["layer"]
+    assert block.window == 24 and target.meta["window"] == 24
+    # the adapter's layer attends within the window: the model's own layer 0 given the
+    # sliding causal mask (key j visible from query i iff i - 24 < j <= i), per sequence
+    lengths = [40, 9]
+    [(h, row)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
+    got = block.forward([(h, row)])[0]
+    want, start = [], 0
+    for n in lengths:
+        x, pos = h[:, start : start + n], torch.arange(n)[None]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None]
+        mask = ((j <= i) & (j > i - 24))[None, None]
+        cs = model.model.rotary_emb(x, pos)
+        want.append(model.model.layers[0](x, attention_mask=mask, position_ids=pos,
+                                          position_embeddings=cs))  # fmt: skip
+        start += n
+    assert torch.allclose(got, torch.cat(want, dim=1), rtol=0, atol=1e-10)
+
+
+def test_windowed_profile_fits_the_windowed_term(tmp_path):
+    cfg = _windowed_configs()["mistral"]
+    target = hf_target(cfg, dtype=torch.float32, name="tiny-mistral")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timing noise of a loaded CPU; fit quality not tested
+        prof = P.profile_model(target, TINY, clock=P.CpuClock(), progress=False)
+    fit = prof.fit["layer"]
+    assert fit["window"] == 24  # the fit used the measured layer's window
+    # the held-out error is reported (a number; its size depends on the machine's load)
+    assert fit["fwd"]["n_test"] >= 1 and fit["fwd"]["median_rel_err_test"] >= 0
+    path = save_profile(prof, tmp_path / "mistral.profile.json")
+    assert load_profile(path).model.window == 24
+    cost = cost_model_from_profile(path, target.model, cluster_preset("h200x8"))
+    # a 96-token sequence: attention Q = 96^2 - (96 - 24)^2 = 4032, not 96^2 = 9216
+    assert cost.features(Sequence(0, (96,)))[0] == 4032

@@ -126,6 +126,37 @@ def test_fake_clock_profile_recovers_coefficients_end_to_end(tmp_path):
     assert t.total_s == pytest.approx(1.212, rel=1e-6)
 
 
+class WindowedBlock(ChargedBlock):
+    """ChargedBlock of a layer with a sliding window of 48 keys: its attention work is
+    Q = s^2 - (s - 48)^2 for s > 48 (written out here, not through the code under test)."""
+
+    window = 48
+
+    def forward(self, inputs):
+        out = []
+        for x, shapes in inputs:
+            q = sum(s * s - max(s - self.window, 0) ** 2 for (s,) in shapes)
+            t, n = sum(s for (s,) in shapes), len(shapes)
+            f = FWD["quad"] * q + FWD["lin"] * t + FWD["seq"] * n + FWD["const"]
+            b = BWD["quad"] * q + BWD["lin"] * t + BWD["seq"] * n + BWD["const"]
+            out.append(self.module(_Charge.apply(x, self.clock, f, b)))
+        return out
+
+
+def test_fit_follows_the_measured_layers_window():
+    # A layer whose time follows the windowed Q: the fit recovers every coefficient and
+    # reports the window. Fitted on plain s^2 it could not (quad would absorb a wrong shape).
+    clock = FakeClock()
+    target = ProfileTarget(SPEC, {"layer": WindowedBlock(clock)}, signature="fake-w")
+    prof = P.profile_model(target, SMALL, clock=clock, progress=False)
+    got = prof.coefficients.blocks["layer"]
+    for part, want in (("fwd", FWD), ("bwd", BWD)):
+        for k, v in want.items():
+            assert getattr(getattr(got, part), k) == pytest.approx(v, rel=1e-6), (part, k)
+    assert prof.fit["layer"]["window"] == 48
+    assert prof.fit["layer"]["fwd"]["median_rel_err_test"] < 1e-9
+
+
 def test_cache_skips_measured_points(tmp_path):
     clock = FakeClock()
     block = ChargedBlock(clock)
