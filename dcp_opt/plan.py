@@ -6,6 +6,8 @@ A Plan is frozen and JSON-serialisable (docs/plan-format.md). Its meaning:
   that group have finished phase p (there is no global barrier between phases);
 - the groups of a phase are disjoint, cover every rank, and sit on aligned rank ranges
   (start % degree == 0); a group with no micro-batches is idle in that phase;
+- a group runs one sequence-parallel kind (`kind`): "ulysses" (all-to-all over heads) or
+  "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cp_cost.py);
 - a group processes its micro-batches in order (gradient accumulation); every micro-batch
   holds one or more whole sequences, sharded over the group's ranks, and recomputes the
   first `recompute_layers` layers in backward (pyramid checkpointing keeps the rest);
@@ -21,9 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import SHARDING_MODES
+from .cp_cost import SP_KINDS
 from .errors import PlanFormatError, loads_json
 
-SCHEMA_VERSION = 1
+# 2: a group carries its SP kind ("kind"). Version 1 documents (no kind: every group
+# Ulysses) still load; they are written back as version 2.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 NORMALIZERS = ("tokens", "samples")
 
 
@@ -38,6 +44,7 @@ class Group:
     start_rank: int
     degree: int
     micro_batches: tuple[MicroBatch, ...] = ()
+    kind: str = "ulysses"  # the SP kind, one of cp_cost.SP_KINDS
 
     @property
     def ranks(self) -> range:
@@ -122,6 +129,7 @@ class Plan:
                         {
                             "start_rank": g.start_rank,
                             "degree": g.degree,
+                            "kind": g.kind,
                             "micro_batches": [
                                 {
                                     "sequence_ids": list(mb.sequence_ids),
@@ -174,18 +182,23 @@ def _parse_group(d: Any, where: str) -> Group:
     start = _need(d, "start_rank", int, where)
     degree = _need(d, "degree", int, where)
     mbs = _need(d, "micro_batches", list, where)
+    kind = d.get("kind", "ulysses")  # version 1 documents have none: Ulysses
+    if kind not in SP_KINDS:
+        raise PlanFormatError(f"{where}.kind: {kind!r} not allowed; allowed: {list(SP_KINDS)}")
     return Group(
         start,
         degree,
         tuple(_parse_micro_batch(m, f"{where}.micro_batches[{k}]") for k, m in enumerate(mbs)),
+        kind,
     )
 
 
 def _parse_plan(d: Any) -> Plan:
     version = _need(d, "schema_version", int, "plan")
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise PlanFormatError(
-            f"plan.schema_version: {version} not supported; this dcp_opt reads {SCHEMA_VERSION}"
+            f"plan.schema_version: {version} not supported; this dcp_opt reads "
+            f"{list(READABLE_VERSIONS)}"
         )
     phases = []
     for p, ph in enumerate(_need(d, "phases", list, "plan")):

@@ -31,6 +31,7 @@ class Event:
     recompute_s: float
     comm_s: float
     memory_bytes: float
+    kind: str = "ulysses"  # the group's SP kind
 
     @property
     def end_s(self) -> float:
@@ -176,6 +177,7 @@ def _phase_parts(groups, feats, row, cost: CostModel):
                 g.degree,
                 cluster.comm_class(g.start_rank, g.degree),  # node span, or placement
                 cluster.group_speed(g.start_rank, g.degree),
+                g.kind,  # the SP kind (cp_cost)
             ),
             len(kinds),
         )
@@ -185,13 +187,35 @@ def _phase_parts(groups, feats, row, cost: CostModel):
     if not cost.takes_degree_vectors:  # a subclass reprices time per degree: call per kind
         return (*_parts_per_kind(kinds, kind_mb, f, rec, cost), cuts)
     fwd, bwd = np.empty(len(mbs)), np.empty(len(mbs))
-    for (d, _, _), kid in kinds.items():
+    for (d, _, _, sp), kid in kinds.items():
         sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
-        fwd[sel], bwd[sel] = cost.layer_times(f[sel], d)
-    d, spans, speed = (_per_mb(col, kind_mb) for col in zip(*kinds, strict=True))
+        fwd[sel], bwd[sel] = cost.layer_times(f[sel], d, **_kw(sp))
+    d, spans, speed, sp = (_per_mb(col, kind_mb) for col in zip(*kinds, strict=True))
     tokens = f[:, -2]
-    c, r, m = cost.time_parts_from(fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed)
-    return c, r, m, cost.memory(tokens, d, rec), cuts
+    if not isinstance(sp, str):  # groups of both SP kinds in the phase: one call per kind
+        return (*_parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost), cuts)
+    kw = _kw(sp)
+    c, r, m = cost.time_parts_from(fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed, **kw)
+    return c, r, m, cost.memory(tokens, d, rec, **kw), cuts
+
+
+def _kw(sp: str) -> dict:
+    """The cost calls' `kind` argument: none for Ulysses (the calls as before the kind)."""
+    return {} if sp == "ulysses" else {"kind": sp}
+
+
+def _parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost: CostModel):
+    """time_parts_from and memory of a phase whose groups mix SP kinds, one call per kind."""
+    parts = np.empty((4, len(tokens)))
+    for k in set(sp.tolist()):
+        sel = np.flatnonzero(sp == k)
+        d_, sp_, sd_ = (x[sel] if np.ndim(x) else x for x in (d, spans, speed))
+        c, r, m = cost.time_parts_from(
+            fwd[sel], bwd[sel], tokens[sel], d_, rec[sel], spans_nodes=sp_, speed=sd_, kind=k
+        )
+        parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
+        parts[3, sel] = cost.memory(tokens[sel], d_, rec[sel], k)
+    return parts[0], parts[1], parts[2], parts[3]
 
 
 def _per_mb(values: tuple, kind_mb: np.ndarray):
@@ -202,17 +226,18 @@ def _per_mb(values: tuple, kind_mb: np.ndarray):
 
 def _parts_per_kind(kinds: dict, kind_mb, f, rec, cost: CostModel):
     parts = np.empty((4, len(f)))
-    for (d, spans, speed), kid in kinds.items():
+    for (d, spans, speed, sp), kid in kinds.items():
         sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
-        c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed)
+        kw = _kw(sp)
+        c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed, **kw)
         parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
-        parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel])
+        parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel], **kw)
     return parts[0], parts[1], parts[2], parts[3]
 
 
 def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:
     return [
-        Event(p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, *v)
+        Event(p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, *v, g.kind)
         for k, (mb, v) in enumerate(
             zip(
                 g.micro_batches,

@@ -158,6 +158,10 @@ CASES = {
         [[_g(0, 3, ((0, 1),)), _g(3, 1), _g(4, 4)]], {},
         ["BAD_DEGREE: phase 0 group 0 (ranks 0..2): degree 3; allowed [1, 2, 4, 8]"],
     ),
+    "BAD_KIND": (
+        [[Group(0, 8, (MicroBatch((0, 1)),), "ring")]], {},
+        ["BAD_KIND: phase 0 group 0 (ranks 0..7): kind 'ring'; allowed ['ulysses', 'cp']"],
+    ),
     "MISALIGNED": (
         [[_g(0, 1), _g(1, 2, ((0, 1), 2)), _g(3, 1), _g(4, 4)]], {},
         ["MISALIGNED: phase 0 group 1 (ranks 1..2): start 1 is not a multiple of degree 2"],
