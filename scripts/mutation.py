@@ -132,6 +132,9 @@ def run_mutmut(where: Path, mod: Module, jobs: int) -> dict[str, str]:
     if not meta.exists():
         raise RuntimeError(f"mutmut produced no results for {mod.path}; see {where}/mutmut.log")
     codes = json.loads(meta.read_text())["exit_code_by_key"]
+    if log.returncode != 0 or all(c is None for c in codes.values()):
+        tail = (log.stdout + log.stderr)[-1500:]
+        raise RuntimeError(f"mutmut run failed on {mod.path} (rc {log.returncode}):\n{tail}")
     return {name: STATUS.get(code, f"exit {code}") for name, code in codes.items()}
 
 
