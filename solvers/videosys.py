@@ -3,7 +3,8 @@
 This is NOT the published method as it runs. The published sampler
 (`videosys/training/datasets/open_sora/sampler.py`, research/videosys_dcp.md sec. 2.2-2.5)
 plans a whole epoch and forms its own optimizer steps, each holding however many samples its
-fill and GA solver choose (8-28M tokens for PAC on the standard 2D workloads). Given one
+fill and GA solver choose (PAC: 6.6-24.7M tokens per step, p10-p90 over the 2D workloads of
+`dcp-opt bench --stream`, benchmarks/results/stream.json). Given one
 standard 2M-token batch (32 GPUs x 64K) it forms **zero** steps: with drop_last (every
 benchmark yaml) inter and PAC truncate each bucket to a multiple of its profiled bs, which
 empties nearly every bucket of such a batch, and a step whose groups cannot fill all the GPUs
