@@ -121,6 +121,8 @@ def make_cost(prof, world: int, a2a, grad_sync_s: float, *, calibrated: bool = T
         optimizer_sharding="none",
         usable_memory_fraction=1.0,
         grad_reduce_bytes_per_param=per_param,
+        # the calibration's measured knobs (SP overhead, replicated work, per-step cost)
+        **({} if cal is None else cal.cost_knobs(prof.model, cluster)),
     )
 
 

@@ -83,6 +83,20 @@ class RuntimeCalibration:
       model charges it: per layer, bytes / bandwidth + calls * latency * (d - 1).
     - per step: `grad_sync_s`, the executor's gradient sum (buckets, copies, all-reduce) plus
       the step's time outside micro-batches, at this world size.
+
+    The cost model's measured-profile knobs (CostModel; optional, absent from the JSON when
+    not measured, so an older calibration loads and re-saves unchanged):
+
+    - `sp_compute_overhead` ((degree, x), ...): at degree d > 1 a layer's time is (1 + x) times
+      its FLOP share; fitted jointly with the all-to-all from the degree > 1 samples
+      (runtime/profile_fit.py: the all-to-all bytes are the cost model's, so the rest of the
+      time separates by its shape over the micro-batches).
+    - `replicated_seq_s_per_layer`: per-sample seconds of one layer's forward + backward that
+      every member of a group repeats (CostModel.replicated_seq_s / num_layers: stored per
+      layer so a profile serves any depth). It is part of the per-sample work the isolated
+      profile measured at degree 1, so `apply` moves it out of the blocks' `seq` terms.
+    - `step_overhead_s`: the part of `grad_sync_s` outside the executor's gradient sum
+      (optimizer, bookkeeping): CostModel.step_overhead_s, paid at any world size.
     """
 
     world: int
@@ -94,20 +108,40 @@ class RuntimeCalibration:
     fit: dict[str, Any] = field(default_factory=dict)
     samples: tuple[dict, ...] = ()
     date: str = ""
+    sp_compute_overhead: tuple[tuple[int, float], ...] = ()
+    replicated_seq_s_per_layer: float = 0.0
+    step_overhead_s: float = 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "samples": list(self.samples)}
+        d = {**asdict(self), "samples": list(self.samples)}
+        d["sp_compute_overhead"] = [list(p) for p in self.sp_compute_overhead]
+        for k in _KNOB_FIELDS:  # only when measured: an older calibration re-saves unchanged
+            if not d[k]:
+                del d[k]
+        return d
 
     def apply(self, coeffs: CostCoefficients) -> CostCoefficients:
         """`coeffs` (the isolated profile's) with the in-situ factor and overhead applied."""
         k = self.compute_factor
+        # the replicated per-sample work leaves the seq terms (the knob charges it), each
+        # pass its share as CostModel charges it (1/3 forward, 2/3 backward), spread over the
+        # blocks in proportion to their seq terms
+        keep = {
+            part: _seq_keep(coeffs, part, k, self.replicated_seq_s_per_layer * share)
+            for part, share in (("fwd", 1 / 3), ("bwd", 2 / 3))
+        }
 
-        def scale(t: TermCoeffs) -> TermCoeffs:
-            return TermCoeffs(*(k * getattr(t, f) for f in _TERM_FIELDS))
+        def scale(t: TermCoeffs, part: str) -> TermCoeffs:
+            return TermCoeffs(
+                *(k * getattr(t, f) * (keep[part] if f == "seq" else 1.0) for f in _TERM_FIELDS)
+            )
 
         return replace(
             coeffs,
-            blocks={n: BlockCoeffs(scale(b.fwd), scale(b.bwd)) for n, b in coeffs.blocks.items()},
+            blocks={
+                n: BlockCoeffs(scale(b.fwd, "fwd"), scale(b.bwd, "bwd"))
+                for n, b in coeffs.blocks.items()
+            },
             head_fwd_per_token_s=k * coeffs.head_fwd_per_token_s,
             head_bwd_per_token_s=k * coeffs.head_bwd_per_token_s,
             microbatch_overhead_s=k * coeffs.microbatch_overhead_s + self.microbatch_overhead_s,
@@ -121,7 +155,36 @@ class RuntimeCalibration:
         bw = cluster.inter_node_bw if cluster.num_nodes > 1 else cluster.intra_node_bw
         if n < 2:
             return 0.0
-        return self.grad_sync_s * bw / (2 * (n - 1) / n * model.total_params)
+        sync = max(self.grad_sync_s - self.step_overhead_s, 0.0)  # the knob charges the rest
+        return sync * bw / (2 * (n - 1) / n * model.total_params)
+
+    def cost_knobs(self, model: ModelSpec, cluster: Cluster) -> dict:
+        """CostModel knobs of this calibration for `model` (any depth) on `cluster`: the SP
+        overhead of the cluster's degrees that were measured (others pay none)."""
+        allowed = set(cluster.allowed_degrees)
+        return {
+            "sp_compute_overhead": tuple(
+                (d, x) for d, x in self.sp_compute_overhead if d in allowed and x > 0
+            ),
+            "replicated_seq_s": self.replicated_seq_s_per_layer * model.num_layers,
+            "step_overhead_s": self.step_overhead_s,
+        }
+
+
+_KNOB_FIELDS = ("sp_compute_overhead", "replicated_seq_s_per_layer", "step_overhead_s")
+
+
+def _seq_keep(coeffs: CostCoefficients, part: str, k: float, seconds: float) -> float:
+    """Share of the blocks' `part` seq terms (times k) left after taking `seconds` out."""
+    total = k * sum(getattr(b, part).seq for b in coeffs.blocks.values())
+    if seconds <= 0:
+        return 1.0
+    if seconds > total * (1 + 1e-9):
+        raise ProfileError(
+            f"profile.runtime.replicated_seq_s_per_layer: {part} share {seconds:.3g} s exceeds "
+            f"the profile's per-sample {part} time {total:.3g} s per layer"
+        )
+    return max(1.0 - seconds / total, 0.0)
 
 
 @dataclass(frozen=True)
@@ -210,6 +273,9 @@ def profile_from_dict(d: Any) -> Profile:
             f"({layer_fingerprint(model)!r}); the file was edited by hand or is corrupt"
         )
     coeffs = _parse_coefficients(_get(d, "coefficients", dict, "profile"), model)
+    runtime = _parse_runtime(d["runtime"]) if "runtime" in d else None
+    if runtime is not None:
+        runtime.apply(coeffs)  # its replicated work must fit in the profile's per-sample time
     return Profile(
         coefficients=coeffs,
         model=model,
@@ -218,7 +284,7 @@ def profile_from_dict(d: Any) -> Profile:
         fit=d.get("fit", {}) if isinstance(d.get("fit", {}), dict) else {},
         a2a=_parse_a2a(d.get("a2a", [])),
         method=d.get("method", {}) if isinstance(d.get("method", {}), dict) else {},
-        runtime=_parse_runtime(d["runtime"]) if "runtime" in d else None,
+        runtime=runtime,
     )
 
 
@@ -253,7 +319,9 @@ def cost_model_from_profile(
     profile has a runtime calibration with an in-situ all-to-all fit, by that fit.
     A runtime calibration (`Profile.runtime`) is applied unless `use_runtime_calibration`
     is False; when the cluster has the calibrated world size and `grad_reduce_bytes_per_param`
-    is not given, the gradient sync is set to the measured one.
+    is not given, the gradient sync is set to the measured one. The calibration's knobs
+    (SP overhead per measured degree, replicated per-sample work at the model's depth, the
+    per-step overhead) are set unless given in `cost_kw`.
     """
     prof = load_profile(path, model=model)
     cal = prof.runtime if use_runtime_calibration else None
@@ -274,6 +342,9 @@ def cost_model_from_profile(
         cost_kw.setdefault(
             "grad_reduce_bytes_per_param", cal.grad_reduce_bytes_per_param(model, cluster)
         )
+    if cal is not None:  # the measured knobs (all 0 for a calibration without them)
+        for k, v in cal.cost_knobs(model, cluster).items():
+            cost_kw.setdefault(k, v)
     return CostModel(model, cluster, coeffs, **cost_kw)
 
 
@@ -376,4 +447,32 @@ def _parse_runtime(d: Any) -> RuntimeCalibration:
         else (),
         date=str(d.get("date", "")),
         **a2a,
+        **_parse_knobs(d, where),
     )
+
+
+def _parse_knobs(d: dict, where: str) -> dict:
+    """The optional measured knobs of a runtime calibration (absent: not measured)."""
+    out = {
+        k: _number(d, k, where) for k in ("replicated_seq_s_per_layer", "step_overhead_s") if k in d
+    }
+    pairs = d.get("sp_compute_overhead", [])
+    ok = isinstance(pairs, list) and all(
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], int)
+        and not isinstance(p[0], bool)
+        and p[0] >= 2
+        and isinstance(p[1], (int, float))
+        and not isinstance(p[1], bool)
+        and math.isfinite(p[1])
+        and p[1] >= 0
+        for p in pairs
+    )
+    if not ok or len({p[0] for p in pairs}) != len(pairs):
+        raise ProfileError(
+            f"{where}.sp_compute_overhead: must be a list of distinct [degree >= 2, x >= 0] "
+            f"pairs, got {pairs!r}"
+        )
+    out["sp_compute_overhead"] = tuple(sorted((int(a), float(b)) for a, b in pairs))
+    return out

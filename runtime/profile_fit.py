@@ -11,9 +11,9 @@ DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -232,39 +232,130 @@ def fit_runtime_calibration(
     cal = RuntimeCalibration(world, k, c, None, None, 0.0)
     cost = CostModel(model, cluster, cal.apply(coeffs))
     report = {"degree_1": f1.report.to_dict()}
-    bw = lat = None
     multi = [s for s in samples if s["degree"] > 1]
-    if len(multi) >= 2:
-        co, L = cost.coeffs, model.num_layers
-        xs, ys = [], []
-        for s in multi:
-            d, t = s["degree"], sum(math.prod(sh) for sh in s["shapes"])
-            p = pred(cost, s)
-            calls = 2 * L + s["recompute"]  # as CostModel.time_parts charges the comm
-            xs.append(
-                [
-                    calls * float(cost.a2a_bytes_per_token(d)) * t / d * (d - 1) / d,
-                    calls * co.a2a_calls_per_layer * (d - 1),
-                ]
-            )
-            ys.append(s["measured_s"] - p.compute_s - p.recompute_s)
-        # Absolute least squares: a residual may be ~0 or negative (noise), which the
-        # relative fit of dcp_opt.fit cannot take; the coefficients stay >= 0 (NNLS).
-        xs, ys = np.asarray(xs), np.asarray(ys)
-        norms = np.linalg.norm(xs, axis=0)
-        norms[norms == 0] = 1.0
-        coef = nnls(xs / norms, ys)[0] / norms
-        bw, lat = 1.0 / max(coef[0], 1e-15), float(coef[1])
-        report["a2a"] = {"residual_s": ys.tolist(), "fitted_s": (xs @ coef).tolist()}
+    terms = _fit_degree_terms(cost, multi, seqs) if len(multi) >= 2 else None
+    if terms is not None:
+        report.update(terms.pop("report"))
     sync = statistics.median(max(s["step_s"] - s["mb_s"], 0.0) for s in steps) if steps else 0.0
     report["executor_grad_sync_s"] = (
         statistics.median(s["grad_sync_s"] for s in steps) if steps else 0.0
     )
-    if bw is not None:
-        cost = cost.with_(cluster=cluster.with_(intra_node_bw=bw, intra_node_latency_s=lat))
+    # what the step pays beyond micro-batches and the executor's gradient sum: optimizer,
+    # bookkeeping (CostModel.step_overhead_s); the sum itself stays the gradient sync
+    step = (
+        statistics.median(max(s["step_s"] - s["mb_s"] - s["grad_sync_s"], 0.0) for s in steps)
+        if steps
+        else 0.0
+    )
+    cal = RuntimeCalibration(
+        world,
+        k,
+        c,
+        None if terms is None else terms["bw"],
+        None if terms is None else terms["lat"],
+        sync,
+        report,
+        (),
+        utc_now(),
+        sp_compute_overhead=() if terms is None else terms["over"],
+        replicated_seq_s_per_layer=0.0 if terms is None else terms["rep"],
+        step_overhead_s=min(step, sync),
+    )
+    full = CostModel(model, cluster, cal.apply(coeffs), **cal.cost_knobs(model, cluster))
+    if terms is not None:
+        full = full.with_(
+            cluster=cluster.with_(intra_node_bw=terms["bw"], intra_node_latency_s=terms["lat"])
+        )
     # what each calibration micro-batch is predicted to take: raw profile, then calibrated
     rows = tuple(
-        {**s, "isolated_s": pred(raw, s).total_s, "predicted_s": pred(cost, s).total_s}
+        {**s, "isolated_s": pred(raw, s).total_s, "predicted_s": pred(full, s).total_s}
         for s in samples
     )
-    return RuntimeCalibration(world, k, c, bw, lat, sync, report, rows, utc_now())
+    return replace(cal, samples=rows)
+
+
+def _degree_rows(cost, multi: list[dict], seqs) -> dict[str, np.ndarray]:
+    """Per degree > 1 sample, the columns of CostModel's time at degree d beyond the
+    calibrated compute (y): `layer`, the layers' time that (1 + x_d) multiplies (forward,
+    backward and recomputed forwards); `rep`, what one second of replicated per-sample work
+    per layer adds at d (it is in the profile's seq term, split d ways: S (L + r/3)(1 - 1/d),
+    the 1/3 of a recomputed forward as CostModel charges it); `bytes` and `lat`, the
+    all-to-all per layer as CostModel.comm_time_per_layer charges it (DeepSpeed-Ulysses
+    eq. 1: each rank sends (d-1)/d of its T/d tokens), over 2L + r passes."""
+    co, L = cost.coeffs, cost.model.num_layers
+    cols: dict[str, list] = {k: [] for k in ("d", "layer", "rep", "bytes", "lat", "y")}
+    for s in multi:
+        d, r, ss = s["degree"], s["recompute"], seqs(s)
+        feats = sum(cost.features(q) for q in ss)
+        fwd, bwd = cost.layer_times(feats, d)
+        p = cost.microbatch_time(ss, d, r, spans_nodes=False)
+        calls, t = 2 * L + r, float(feats[-2])
+        cols["d"].append(d)
+        cols["layer"].append(L * (fwd + bwd) + r * fwd)
+        cols["rep"].append(len(ss) * (L + r / 3) * (1 - 1 / d))
+        cols["bytes"].append(calls * float(cost.a2a_bytes_per_token(d)) * t / d * (d - 1) / d)
+        cols["lat"].append(calls * co.a2a_calls_per_layer * (d - 1))
+        cols["y"].append(s["measured_s"] - p.compute_s - p.recompute_s)
+    return {k: np.asarray(v, dtype=float) for k, v in cols.items()}
+
+
+def _nnls(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Absolute NNLS, columns scaled to unit norm: a residual may be ~0 or negative (noise),
+    which the relative fit of dcp_opt.fit cannot take; the coefficients stay >= 0."""
+    norms = np.linalg.norm(xs, axis=0)
+    norms[norms == 0] = 1.0
+    return nnls(xs / norms, ys)[0] / norms
+
+
+def _fit_degree_terms(cost, multi: list[dict], seqs, rounds: int = 4) -> dict | None:
+    """Jointly, from the degree > 1 samples: the SP compute overhead x_d per degree, the
+    replicated per-sample seconds per layer R, and the in-situ all-to-all (bandwidth,
+    per-peer latency). The all-to-all bytes are the cost model's, so the time beyond the
+    calibrated compute, y = x_d * layer + R (1 + x_d) rep + bytes / bw + lat * calls,
+    separates by its shape over micro-batches of different lengths and packings (attention
+    grows with s^2, the all-to-all with tokens, the latency per call). (1 + x_d) multiplies
+    R: a few rounds, each refitting with the previous x_d (exact on noiseless data).
+    R is bounded by the profile's own per-sample time (it is part of it): at the bound it is
+    fixed and the rest refitted. Too few samples for every term: the all-to-all alone."""
+    c = _degree_rows(cost, multi, seqs)
+    degrees = sorted(set(c["d"].astype(int).tolist()))
+    seq = {p: sum(getattr(b, p).seq for b in cost.coeffs.blocks.values()) for p in ("fwd", "bwd")}
+    r_max = min(3 * seq["fwd"], 1.5 * seq["bwd"])  # R/3 forward, 2R/3 backward (CostModel)
+    full = len(multi) >= len(degrees) + 3 + 2
+    over = dict.fromkeys(degrees, 0.0)
+    rep = 0.0
+    for _ in range(rounds if full else 1):
+        grow = 1 + np.array([over[int(d)] for d in c["d"]])
+        sp = [np.where(c["d"] == d, c["layer"], 0.0) for d in degrees] if full else []
+        base = np.column_stack([*sp, c["bytes"], c["lat"]])
+        y = c["y"]
+        if full and r_max > 0:
+            coef = _nnls(np.column_stack([base, c["rep"] * grow]), y)
+            rep = min(coef[-1], r_max)
+            if coef[-1] > r_max:  # at the bound: fixed, the rest refitted
+                coef = _nnls(base, y - rep * c["rep"] * grow)
+        else:
+            coef = _nnls(base, y)
+        if full:
+            over = {d: float(coef[i]) for i, d in enumerate(degrees)}
+    n = len(degrees) if full else 0
+    inv_bw, lat = coef[n], coef[n + 1]
+    grow = 1 + np.array([over[int(d)] for d in c["d"]])
+    fitted = sum(over[d] * np.where(c["d"] == d, c["layer"], 0.0) for d in degrees)
+    fitted = fitted + rep * grow * c["rep"] + inv_bw * c["bytes"] + lat * c["lat"]
+    report = {
+        "a2a": {"residual_s": c["y"].tolist(), "fitted_s": np.asarray(fitted).tolist()},
+        "sp_overhead": {
+            "fitted": full,
+            "per_degree": {str(d): x for d, x in over.items()},
+            "replicated_seq_s_per_layer": rep,
+            "replicated_bound_s": r_max,
+        },
+    }
+    return {
+        "bw": 1.0 / max(inv_bw, 1e-15),
+        "lat": float(lat),
+        "over": tuple((d, x) for d, x in over.items() if x > 0),
+        "rep": float(rep),
+        "report": report,
+    }

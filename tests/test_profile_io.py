@@ -215,3 +215,120 @@ def test_bad_runtime_calibration_names_the_field(tmp_path, mutate, pattern):
     (tmp_path / "p.json").write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=pattern):
         load_profile(tmp_path / "p.json")
+
+
+# ---- measured cost-model knobs in the runtime calibration (issue 19) ------------------------
+def _with_knobs(model=LLAMA) -> Profile:
+    prof = _calibrated(model)
+    cal = replace(
+        prof.runtime,
+        sp_compute_overhead=((2, 0.2), (4, 0.35), (16, 0.5)),
+        replicated_seq_s_per_layer=1e-9,
+        step_overhead_s=0.03,
+    )
+    # the FLOP preset has no per-sample (seq) term for a 1D model: give the profile one, so
+    # that replicated per-sample work has somewhere to come from
+    from dcp_opt.cost import BlockCoeffs
+
+    b = prof.coefficients.blocks["layer"]
+    blocks = {"layer": BlockCoeffs(replace(b.fwd, seq=1e-8), replace(b.bwd, seq=2e-8))}
+    return replace(prof, runtime=cal, coefficients=replace(prof.coefficients, blocks=blocks))
+
+
+def test_knobs_round_trip_and_set_the_cost_model(tmp_path):
+    from dcp_opt.profile_io import RuntimeCalibration
+
+    p = save_profile(_with_knobs(), tmp_path / "p.json")
+    assert load_profile(p, model=LLAMA) == _with_knobs()
+    doc = json.loads(p.read_text())["runtime"]
+    assert doc["sp_compute_overhead"] == [[2, 0.2], [4, 0.35], [16, 0.5]]
+    cost = cost_model_from_profile(p, LLAMA, CLUSTER)  # 8 GPUs: degree 16 does not exist
+    assert cost.sp_compute_overhead == ((2, 0.2), (4, 0.35))
+    assert cost.replicated_seq_s == pytest.approx(1e-9 * LLAMA.num_layers)  # per layer x depth
+    assert cost.step_overhead_s == 0.03
+    # the replicated work left the seq terms (1/3 forward, 2/3 backward, x1.25 calibration):
+    # forward 1.25e-8 - 1e-9 / 3, backward 2.5e-8 - 2e-9 / 3 per layer and sample
+    layer = cost.coeffs.blocks["layer"]
+    assert layer.fwd.seq == pytest.approx(1.25e-8 - 1e-9 / 3)
+    assert layer.bwd.seq == pytest.approx(2.5e-8 - 2e-9 / 3)
+    # against the calibration without knobs (same factor and overhead): equal at degree 1;
+    # at degree 2 the layers cost 1.2x, and each of the 2 samples' replicated 1e-9 s per
+    # layer is paid whole instead of halved: + 1.2 * 16 layers * 2 * 1e-9 / 2
+    ref = CostModel(
+        LLAMA, CLUSTER, RuntimeCalibration(8, 1.25, 0.002, None, None, 0.0).apply(
+            _with_knobs().coefficients
+        )
+    )  # fmt: skip
+    seqs = list(Batch.from_lengths([300, 700]).sequences)
+    t1, r1 = cost.microbatch_time(seqs, 1), ref.microbatch_time(seqs, 1)
+    assert t1.compute_s == pytest.approx(r1.compute_s, rel=1e-12)
+    feats = sum(ref.features(s) for s in seqs)
+    fwd, bwd = ref.layer_times(feats, 2)
+    layers = 16 * (fwd + bwd)
+    want = ref.microbatch_time(seqs, 2).compute_s - layers + 1.2 * (layers + 16 * 2 * 1e-9 / 2)
+    assert cost.microbatch_time(seqs, 2).compute_s == pytest.approx(want, rel=1e-9)
+    # per step: the measured 50 ms at this world (30 ms of it fixed); on 16 GPUs the preset
+    # all-reduce plus the fixed 30 ms
+    assert cost.grad_sync_time() == pytest.approx(0.05)
+    other = cost_model_from_profile(p, LLAMA, cluster_preset("h200x16"))
+    preset = CostModel(LLAMA, other.cluster).grad_sync_time()
+    assert other.grad_sync_time() == pytest.approx(preset + 0.03)
+
+
+def test_old_calibrated_profile_loads_unchanged(tmp_path):
+    # A profile saved before the knobs existed (the fidelity benchmark's, world 2)
+    from pathlib import Path
+
+    from dcp_opt.cluster import Cluster
+    from dcp_opt.cost import BlockCoeffs, TermCoeffs
+
+    src = Path(__file__).parents[1] / "benchmarks" / "results" / "fidelity.profile.json"
+    doc = json.loads(src.read_text())
+    knobs = {"sp_compute_overhead", "replicated_seq_s_per_layer", "step_overhead_s"}
+    assert not knobs & set(doc["runtime"])
+    prof = load_profile(src)
+    # re-saved, the same document: nothing written for knobs it does not have
+    assert json.loads(save_profile(prof, tmp_path / "p.json").read_text()) == doc
+    # its cost model is the one the former rule gives, built here by hand from the JSON:
+    # every time term x compute_factor, + the overhead per micro-batch, the gradient sync
+    # as the measured per-step time on a 2-GPU cluster; no knob set
+    rt, co = doc["runtime"], doc["coefficients"]
+    k = rt["compute_factor"]
+
+    def terms(t):
+        return TermCoeffs(**{n: k * v for n, v in t.items()})
+
+    coeffs = replace(
+        prof.coefficients,
+        blocks={n: BlockCoeffs(terms(b["fwd"]), terms(b["bwd"])) for n, b in co["blocks"].items()},
+        head_fwd_per_token_s=k * co["head_fwd_per_token_s"],
+        head_bwd_per_token_s=k * co["head_bwd_per_token_s"],
+        microbatch_overhead_s=k * co["microbatch_overhead_s"] + rt["microbatch_overhead_s"],
+        source=f"{co['source']}+runtime[2]",
+    )
+    cluster = Cluster("cpu2", 1, 2, 1e12, 1e12, 1e9, 1e9)
+    per_param = rt["grad_sync_s"] * 1e9 / (2 * 1 / 2 * prof.model.total_params)
+    want = CostModel(prof.model, cluster, coeffs, grad_reduce_bytes_per_param=per_param)
+    got = cost_model_from_profile(src, prof.model, cluster)
+    assert got.fingerprint() == want.fingerprint()
+    assert (got.sp_compute_overhead, got.replicated_seq_s, got.step_overhead_s) == ((), 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "mutate, pattern",
+    [
+        (lambda r: r.update(sp_compute_overhead=[[1, 0.2]]), r"runtime\.sp_compute_overhead"),
+        (lambda r: r.update(sp_compute_overhead=[[2, -0.1]]), r"runtime\.sp_compute_overhead"),
+        (lambda r: r.update(sp_compute_overhead=[[2, 1], [2, 2]]), "distinct"),
+        (lambda r: r.update(step_overhead_s=-1), r"runtime\.step_overhead_s: must be"),
+        (lambda r: r.update(replicated_seq_s_per_layer="x"), r"replicated_seq_s_per_layer"),
+        # more replicated work than the profile's per-sample time (forward 1e-8 x 1.25)
+        (lambda r: r.update(replicated_seq_s_per_layer=1e-6), r"exceeds the profile's"),
+    ],
+)
+def test_bad_knobs_name_the_field(tmp_path, mutate, pattern):
+    d = json.loads(save_profile(_with_knobs(), tmp_path / "p.json").read_text())
+    mutate(d["runtime"])
+    (tmp_path / "p.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=pattern):
+        load_profile(tmp_path / "p.json")

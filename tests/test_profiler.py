@@ -4,7 +4,9 @@ the CUDA path (with fake torch.cuda functions: no GPU here), and end to end to a
 import contextlib
 import json
 import warnings
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from dcp_opt.runtime import profiler as P
@@ -441,6 +443,75 @@ def test_runtime_calibration_fit_recovers_known_terms():
     for s in cal.samples:  # calibrated predictions reproduce the measurements
         assert s["predicted_s"] == pytest.approx(s["measured_s"], rel=1e-6)
         assert s["isolated_s"] < s["measured_s"]
+
+
+# A profile with per-sample work (seq terms), so replicated work has somewhere to come from:
+# per layer, forward 1 ms + 20 us/token + 1e-8 s/s^2 + 0.2 ms; backward twice that.
+SEQ_TERMS = dict(quad=1e-8, lin=2e-5, seq=1e-3, const=2e-4)
+
+
+def _knob_truth(world, *, over, rep, noise=0.0, seed=0):
+    """Calibration micro-batches 'measured' on a device that is exactly a calibrated model
+    with the measured-profile knobs: SP overhead `over` per degree, replicated per-sample
+    seconds `rep` per layer (part of the profile's seq term), compute x1.2 + 3 ms, a2a
+    2e8 B/s and 0.5 ms per peer, 40 ms per step beyond 25 ms of gradient sum; times times
+    (1 + noise * N(0, 1))."""
+    from dcp_opt import CostModel, flops_coefficients
+    from dcp_opt.cluster import Cluster
+    from dcp_opt.cost import BlockCoeffs, TermCoeffs
+    from dcp_opt.profile_io import RuntimeCalibration
+
+    cluster = Cluster("t", 1, world, 1e15, 1e12, 2e8, 2e8, intra_node_latency_s=5e-4)
+    fwd = TermCoeffs(**SEQ_TERMS)
+    bwd = TermCoeffs(*(2 * v for v in SEQ_TERMS.values()))
+    raw = replace(flops_coefficients(SPEC, cluster), blocks={"layer": BlockCoeffs(fwd, bwd)})
+    true = RuntimeCalibration(
+        world, 1.2, 3e-3, 2e8, 5e-4, 0.065,
+        sp_compute_overhead=tuple(over.items()), replicated_seq_s_per_layer=rep,
+        step_overhead_s=0.04,
+    )  # fmt: skip
+    cost = CostModel(SPEC, cluster, true.apply(raw), **true.cost_knobs(SPEC, cluster))
+    rng = np.random.default_rng(seed)
+    samples = []
+    for plan, batch in P.calibration_plans(SPEC, world):
+        for _, g, _, mb in plan.micro_batches():
+            seqs = [batch.by_id[i] for i in mb.sequence_ids]
+            t = cost.microbatch_time(seqs, g.degree, spans_nodes=False).total_s
+            t *= 1 + noise * rng.standard_normal()
+            shapes = [list(s.shape) for s in seqs]
+            samples.append({"degree": g.degree, "shapes": shapes, "recompute": 0, "measured_s": t})
+    steps = [{"step_s": 1.065, "mb_s": 1.0, "grad_sync_s": 0.025}] * 3
+    return raw, samples, steps, cost
+
+
+def test_runtime_calibration_recovers_sp_overhead_and_replicated_work():
+    # World 4: degrees 1, 2, 4; every group's micro-batches (2 groups at degree 2).
+    over, rep = {2: 0.3, 4: 0.5}, 4e-4
+    raw, samples, steps, truth = _knob_truth(4, over=over, rep=rep)
+    cal = P.fit_runtime_calibration(SPEC, raw, 4, samples, steps)
+    assert cal.compute_factor == pytest.approx(1.2, rel=1e-6)
+    assert dict(cal.sp_compute_overhead) == pytest.approx(over, rel=1e-4)
+    assert cal.replicated_seq_s_per_layer == pytest.approx(rep, rel=1e-4)
+    assert cal.a2a_bandwidth_bytes_per_s == pytest.approx(2e8, rel=1e-4)
+    assert cal.a2a_latency_s == pytest.approx(5e-4, rel=1e-4)
+    # per step: 65 ms beyond the micro-batches, 25 ms of it the executor's gradient sum
+    assert cal.grad_sync_s == pytest.approx(0.065) and cal.step_overhead_s == pytest.approx(0.04)
+    for s in cal.samples:
+        assert s["predicted_s"] == pytest.approx(s["measured_s"], rel=1e-6)
+    # Charged to the all-to-all alone (the fit before the knobs), a degree-2 micro-batch of
+    # 1280 tokens would be mispredicted: the knobs are what makes the rows above match.
+    assert cal.fit["sp_overhead"]["fitted"] and cal.fit["sp_overhead"]["per_degree"]["2"] > 0.2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_runtime_calibration_sp_overhead_under_noise(seed):
+    # 2% multiplicative noise on every micro-batch: each overhead within 0.1 of its value,
+    # and no overhead invented where there is none
+    over = {2: 0.25, 4: 0.0}
+    raw, samples, steps, _ = _knob_truth(4, over=over, rep=0.0, noise=0.02, seed=seed)
+    got = dict(P.fit_runtime_calibration(SPEC, raw, 4, samples, steps).sp_compute_overhead)
+    assert got.get(2, 0.0) == pytest.approx(0.25, abs=0.1)
+    assert got.get(4, 0.0) < 0.1
 
 
 def test_runtime_calibration_without_multi_rank_groups_has_no_a2a():
