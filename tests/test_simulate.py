@@ -41,7 +41,10 @@ def reference(plan, batch, cost):
                 mem = float(
                     cost.memory(sum(s.num_tokens for s in seqs), g.degree, mb.recompute_layers)
                 )
-                events.append((p, g.start_rank, g.degree, k, mb.sequence_ids, t, tb.total_s, mem))
+                events.append(
+                    (p, g.start_rank, g.degree, k, mb.sequence_ids, mb.recompute_layers, t,
+                     tb.total_s, mem)
+                )  # fmt: skip
                 t += tb.total_s
                 comm += tb.comm_s * g.degree
                 rec += tb.recompute_s * g.degree
@@ -60,14 +63,14 @@ def reference(plan, batch, cost):
 def check_against_reference(plan, batch, cost):
     sim, want = simulate(plan, batch, cost), reference(plan, batch, cost)
     got_events = sorted(
-        (e.phase, e.start_rank, e.degree, e.index, e.sequence_ids, e.start_s, e.end_s - e.start_s,
-         e.memory_bytes)
+        (e.phase, e.start_rank, e.degree, e.index, e.sequence_ids, e.recompute_layers, e.start_s,
+         e.end_s - e.start_s, e.memory_bytes)
         for e in sim.events
     )  # fmt: skip
     assert len(got_events) == len(want["events"])
     for got, exp in zip(got_events, sorted(want["events"]), strict=True):
-        assert got[:5] == exp[:5]
-        assert got[5:] == pytest.approx(exp[5:], rel=REL, abs=1e-12)
+        assert got[:6] == exp[:6]
+        assert got[6:] == pytest.approx(exp[6:], rel=REL, abs=1e-12)
     assert sim.finish_s == pytest.approx(want["finish"], rel=REL)
     assert sim.grad_sync_s == want["sync"]
     assert sim.step_time_s == pytest.approx(want["finish"] + want["sync"], rel=REL)
@@ -156,8 +159,8 @@ def test_an_empty_simulation_summary_divides_by_nothing():
 
 @pytest.mark.parametrize(
     "nodes, per, seconds",
-    [(1, 4, 4.5 / 2.0), (2, 2, 4.5 / 0.5), (1, 1, 0.0)],
-    ids=["one node: NVLink rate", "two nodes: NIC rate", "one GPU: none"],
+    [(1, 4, 4.5 / 2.0), (2, 2, 4.5 / 0.5), (1, 2, 3.0 / 2.0), (1, 1, 0.0)],
+    ids=["one node: NVLink rate", "two nodes: NIC rate", "two GPUs", "one GPU: none"],
 )
 def test_step_collectives_are_timed_at_the_sync_rate(nodes, per, seconds):
     # The toy has 1 parameter under zero1: all-gather 3/4 * 2 B of weights, reduce-scatter
@@ -171,3 +174,33 @@ def test_step_collectives_are_timed_at_the_sync_rate(nodes, per, seconds):
     if nodes * per == 4:
         assert sum(sim.collectives.values()) == pytest.approx(4.5)
     assert sim.collectives_s == pytest.approx(seconds)
+
+
+def test_idle_ranks_between_busy_groups_and_a_second_batch():
+    # Phase 0: rank 0 busy, rank 1 idle, ranks 2..3 busy; phase 1: ranks 0..1 together (one
+    # member free long before the other), rank 2 idle, rank 3 alone. Idle groups between
+    # busy ones: the per-rank clocks must stay aligned with the ranks.
+    cost = comm_cost()
+    batch = Batch.from_lengths([2, 4, 3, 5])
+    plan = make_plan(
+        [[Group(0, 1, (MicroBatch((0,)),)), Group(2, 2, (MicroBatch((1,), 2),))],
+         [Group(0, 2, (MicroBatch((2,)),)), Group(2, 1), Group(3, 1, (MicroBatch((3,)),))]],
+        batch, cost, planner="hand",
+    )  # fmt: skip
+    check_against_reference(plan, batch, cost)
+    # The same cost model, another batch with the same ids: no cached row of the first.
+    other = Batch.from_lengths([9, 1, 1, 1])
+    plan = make_plan(
+        [[Group(0, 4, (MicroBatch((0, 1, 2, 3)),))]], other, cost, planner="hand"
+    )  # fmt: skip
+    check_against_reference(plan, other, cost)
+
+
+def test_shares_of_a_step_shorter_than_a_second():
+    # Speed 100: 1 token with 1 recomputed layer at degree 1 takes (6 + 0.5 + 1) / 100 s.
+    cost = toy_cost(1, 1, speed_factors=(100.0,))
+    batch = Batch.from_lengths([1])
+    plan = make_plan([[Group(0, 1, (MicroBatch((0,), 1),))]], batch, cost, planner="hand")
+    summary = simulate(plan, batch, cost).summary()
+    assert summary["step_time_s"] == pytest.approx(0.075)
+    assert summary["recompute_share"] == pytest.approx(0.01 / 0.075)
