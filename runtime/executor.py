@@ -182,6 +182,7 @@ def execute_step(
     if check_plan:
         check_same_plan(plan)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
+    check_kinds(plan, task)
     if sharding is not None:
         sharding.check_plan(plan, model)
         sharding.begin_step()
@@ -193,7 +194,7 @@ def execute_step(
         group = plan.group_of(pool.rank, p)
         if not group.micro_batches:
             continue  # idle in this phase: nothing to wait for, no barrier between phases
-        state.sp = _sp_group(pool, group)
+        state.sp, state.kind = _sp_group(pool, group), group.kind
         for k, mb in enumerate(group.micro_batches):
             t0 = time.perf_counter()
             state.recompute_layers = mb.recompute_layers
@@ -221,7 +222,7 @@ def execute_step(
         total = sharding.finish_step(task, state, step=step, kind=plan.normalizer_kind, loss=loss)
     _sync()
     end = time.perf_counter()
-    state.sp, state.recompute_layers = SPGroup.single(), 0
+    state.sp, state.recompute_layers, state.kind = SPGroup.single(), 0, "ulysses"
     return StepReport(
         float(total),
         end - started,
@@ -230,6 +231,18 @@ def execute_step(
         tuple(times),
         started - t_check,
     )
+
+
+def check_kinds(plan: Plan, task) -> None:
+    """Refuse, before any collective, cp groups for a task that cannot shard for them (its
+    class sets `supports_cp`: LMTask, HFCausalLMTask; runtime/cp.py)."""
+    if getattr(task, "supports_cp", False):
+        return
+    if any(g.kind == "cp" and g.degree > 1 for ph in plan.phases for g in ph.groups):
+        raise ValueError(
+            f"plan: a group of kind 'cp' needs a 1D task that runs it (LMTask, HFCausalLMTask); "
+            f"{type(task).__name__} runs only 'ulysses'"
+        )
 
 
 def _sp_group(pool: GroupPool, group) -> SPGroup:

@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from dcp_opt.model import ulysses_kv_heads
 
 from .attention import segment_attention
+from .cp import cp_attention, shard_for_group
 from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     Locator,
     UnsupportedModelError,
@@ -46,7 +47,7 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     locate,
 )
 from .parallelize import SPState
-from .sp import pad_dim, shard_bounds, ulysses_attention
+from .sp import pad_dim, ulysses_attention
 from .tasks import LMTask, _token_weight
 
 ATTN_NAME = "dcp_ulysses"
@@ -113,11 +114,18 @@ def dcp_attention(
     _check_call(query, attention_mask, dropout, is_causal, kwargs)
     heads, degree = query.shape[1], state.sp.degree
     q = query[0].transpose(0, 1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if state.kind == "cp" and degree > 1:  # all-gather-KV over head-tail chunks (cp.py)
+        out = cp_attention(
+            q, key[0].transpose(0, 1), value[0].transpose(0, 1), state.sp,
+            layout=state.layout, segments=state.segments, positions=state.positions,
+            scale=scale, window=sliding_window, softcap=softcap, sinks=s_aux,
+        )  # fmt: skip
+        return out[None], None
     k, v = (_kv_for_ulysses(x[0], heads, degree) for x in (key, value))
     segments = state.segments
     if segments is None:  # plain single-sequence call (no executor): one segment
         segments = torch.zeros(q.shape[0] * state.sp.degree, dtype=torch.long, device=q.device)
-    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     out = ulysses_attention(
         q,
         k,
@@ -222,12 +230,11 @@ class HFCausalLMTask:
     token ids (inputs = first L, labels = last L), as for `LMTask`; the micro-batch is one
     packed row ([1, T]) with per-sequence `position_ids`."""
 
+    supports_cp = True  # shards by the group's SP kind (cp.shard_for_group)
+
     def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
-        sp = state.sp
-        whole = LMTask().pack(samples, kind, sp.degree)
-        _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
-        part = {k: v[lo:hi] for k, v in whole.items()}
-        state.segments = whole["segments"]
+        # contiguous shards (Ulysses) or head-tail chunks (cp) of the packed stream
+        part = shard_for_group(LMTask().pack, samples, kind, state)
         device = next(model.parameters()).device
         out = model(
             input_ids=part["tokens"][None].to(device),

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import dense_attention, segment_attention
+from .cp import cp_attention
 from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
 from .sp import SPGroup, frames_to_tokens, tokens_to_frames, ulysses_attention
 
@@ -26,11 +27,17 @@ class SPState:
     "active group" switch, owned by the executor, never part of a plan).
 
     1D: `segments` holds the segment id of every token of the whole padded packed stream.
-    2D: `frame_mask` marks real frames of the whole padded video; `num_spatial` its S."""
+    2D: `frame_mask` marks real frames of the whole padded video; `num_spatial` its S.
+    `kind`: the active group's SP kind ("ulysses" or "cp", plan Group.kind); under cp
+    `layout` [d, M] holds each member's stream indices and `positions` the whole stream's
+    in-sequence positions (runtime/cp.py)."""
 
     sp: SPGroup = field(default_factory=SPGroup.single)
     recompute_layers: int = 0
     segments: torch.Tensor | None = None
+    kind: str = "ulysses"
+    layout: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
     frame_mask: torch.Tensor | None = None
     num_spatial: int = 0
 
@@ -50,6 +57,11 @@ def parallelize(model: nn.Module, state: SPState) -> nn.Module:
 
 def _parallelize_lm(model: TinyLM, state: SPState) -> None:
     def attention(q, k, v, *, segments, causal):
+        if state.kind == "cp" and state.sp.degree > 1:  # all-gather-KV, head-tail chunks
+            return cp_attention(
+                q, k, v, state.sp,
+                layout=state.layout, segments=state.segments, positions=state.positions,
+            )  # fmt: skip
         # The model passes its local shard's segments; Ulysses attends over the whole stream.
         whole = segments if state.sp.degree == 1 else state.segments
         return ulysses_attention(

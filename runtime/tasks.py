@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .cp import shard_for_group
 from .parallelize import SPState
 from .sp import pad_dim, shard_bounds
 
@@ -47,6 +48,8 @@ class LMTask:
     """Next-token prediction. A sample is a LongTensor of L+1 token ids (inputs = first L,
     labels = last L), so a sequence of shape (L,) has exactly L loss tokens."""
 
+    supports_cp = True  # shards by the group's SP kind (cp.shard_for_group)
+
     def pack(self, samples, kind: str, degree: int):
         """Whole packed stream, padded to a multiple of `degree`."""
         cols = {"tokens": [], "labels": [], "positions": [], "segments": [], "weights": []}
@@ -63,11 +66,10 @@ class LMTask:
         return {k: pad_dim(torch.cat(v), 0, size, pad[k]) for k, v in cols.items()}
 
     def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
-        sp, dev = state.sp, next(model.parameters()).device
-        whole = self.pack(samples, kind, sp.degree)
-        _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
-        part = {k: v[lo:hi].to(dev) for k, v in whole.items()}
-        state.segments = whole["segments"].to(dev)
+        dev = next(model.parameters()).device
+        # contiguous shards (Ulysses) or head-tail chunks (cp) of the packed stream
+        part = {k: v.to(dev) for k, v in shard_for_group(self.pack, samples, kind, state).items()}
+        state.segments = state.segments.to(dev)
         logits = model(part["tokens"], part["positions"], part["segments"])
         labels = part["labels"].clamp(min=0)
         per_token = F.cross_entropy(logits, labels, reduction="none")

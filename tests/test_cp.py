@@ -1,0 +1,113 @@
+"""Context parallelism (`cp` groups) in the runtime: head-tail layout, and gradient
+equivalence (float64, gloo, worlds 2 and 4) of plans with cp groups and of plans mixing cp and
+Ulysses groups in one step, for TinyLM and a transformers Llama (GQA too). The reference is
+tests/reference.py's objective from each whole sequence's forward (test_runtime_equiv.py,
+test_runtime_hf.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dcp_opt.runtime.cp import head_tail_layout
+from dcp_opt.runtime.testing import DistWorkers
+
+from dcp_opt import Batch, make_plan, validate
+from dcp_opt.plan import Group, MicroBatch, Plan
+from tests import test_runtime_equiv as lm
+from tests import test_runtime_hf as hf
+
+
+def test_head_tail_layout_balances_causal_pairs():
+    # two sequences of 16 and 8 tokens at d=2: 4 chunks each; member 0 holds chunks 0 and 3
+    layout = head_tail_layout([16, 8], 2)
+    assert layout.tolist() == [
+        [0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 22, 23],
+        [4, 5, 6, 7, 8, 9, 10, 11, 18, 19, 20, 21],
+    ]
+    # every member has the same causal pairs when 2d divides each length: for chunks of c
+    # tokens, 2d c^2 + c per sequence (dcp_opt/cp_cost.py)
+    lengths, d = [40, 24, 8], 4
+    starts = torch.tensor([0, 40, 64])
+    for row in head_tail_layout(lengths, d):
+        seg = torch.bucketize(row, starts, right=True) - 1
+        pos = row - starts[seg]
+        pairs = int((pos + 1).sum())  # query at position p sees p + 1 keys
+        assert pairs == sum(2 * d * (n // 8) ** 2 + n // 8 for n in lengths)
+    # uneven lengths and sequences shorter than 2d: every token exactly once, padding after
+    layout = head_tail_layout([3, 5, 1], 4)
+    real = sorted(i for i in layout.reshape(-1).tolist() if i < 9)
+    assert real == list(range(9)) and layout.shape == (4, 3)
+    assert len(set(layout.reshape(-1).tolist())) == 12
+
+
+def _g(start, degree, kind, *mbs) -> Group:
+    return Group(start, degree, tuple(MicroBatch(tuple(ids), r) for ids, r in mbs), kind)
+
+
+def cp_plans(world: int, batch: Batch, cost) -> list[Plan]:
+    """cp alone, and cp beside Ulysses in one phase and across phases; packed micro-batches,
+    recompute, a sequence shorter than 2d."""
+    ids = [s.id for s in batch.sequences]
+    a, b, c, d, e = ids[0], ids[1], ids[2], ids[3], ids[4:]
+    if world == 2:
+        layouts = [
+            [[_g(0, 2, "cp", (ids, 1))]],
+            [[_g(0, 2, "cp", ((a, b), 1), ((c,), 0))], [_g(0, 2, "ulysses", ((d, *e), 2))]],
+            [[_g(0, 2, "ulysses", ((a,), 0), ((b, c), 1))], [_g(0, 2, "cp", ((d, *e), 0))]],
+        ]
+    else:
+        layouts = [
+            [[_g(0, 4, "cp", (ids, 1))]],
+            [
+                [_g(0, 2, "cp", ((a, c), 2)), _g(2, 2, "ulysses", ((b,), 1))],
+                [_g(0, 4, "cp", ((d, *e), 0))],
+            ],
+            [[_g(0, 2, "ulysses", ((a, b), 0)), _g(2, 2, "cp", ((c,), 1), ((d, *e), 0))]],
+        ]
+    plans = []
+    for k, phases in enumerate(layouts):
+        norm = "samples" if k % 2 else "tokens"
+        plan = make_plan(phases, batch, cost, planner=f"cp{k}", normalizer_kind=norm)
+        assert validate(plan, batch, cost) == []
+        plans.append(plan)
+    return plans
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def workers(request):
+    w = DistWorkers(request.param, timeout_s=60.0)
+    yield w
+    w.close()
+
+
+@pytest.mark.dist
+def test_grad_equiv_tiny_lm_cp_and_mixed_plans(workers):
+    batch = Batch.from_lengths([13, 9, 20, 3, 6])
+    cost = lm.cost_for("1d", workers.world_size)
+    for plan in cp_plans(workers.world_size, batch, cost):
+        lm.check_equivalent(workers, "1d", plan, batch)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("model_key", ["mha", "gqa8"])
+def test_grad_equiv_hf_llama_cp_and_mixed_plans(workers, model_key):
+    # gqa8: 8 query heads over 2 kv heads; cp gathers only the 2 kv heads
+    batch = Batch.from_lengths(hf.LENGTHS)
+    plans = cp_plans(workers.world_size, batch, hf.cost_for(workers.world_size, batch))
+    if model_key != "mha":
+        plans = plans[1:2]  # one mixed plan is enough for the head mapping
+    texts = [p.to_json() for p in plans]
+    for rank_result in workers.run(hf.job_plans, model_key, batch.to_dict(), texts, 1, wait_s=240):
+        for plan, (loss_err, grad_err) in zip(plans, rank_result, strict=True):
+            assert loss_err <= hf.TOL and grad_err <= hf.TOL, (plan.planner, loss_err, grad_err)
+
+
+def test_cp_groups_are_refused_for_a_task_that_cannot_run_them():
+    from dcp_opt.runtime import DiffusionTask, LMTask
+    from dcp_opt.runtime.executor import check_kinds
+
+    batch = Batch.from_lengths([4, 4])
+    plan = make_plan([[_g(0, 2, "cp", ((0, 1), 0))]], batch, lm.cost_for("1d", 2), planner="hand")
+    check_kinds(plan, LMTask())  # runs
+    with pytest.raises(ValueError, match="kind 'cp' needs a 1D task.*DiffusionTask runs only"):
+        check_kinds(plan, DiffusionTask())
