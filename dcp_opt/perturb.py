@@ -22,11 +22,13 @@ within the range such a measurement could give, using the cost model's own knobs
 What the profiler fits today: the block coefficients (attention quad term and the linear
 terms, so `attn_half_len` and `attn_scale` appear as fitted quad/lin), the per-micro-batch
 overhead and the step's gradient sync (runtime calibration, dcp_opt/profile_io.py), and the
-all-to-all bandwidth and latency per group size. `fit_sp_overhead` turns micro-batch times
-measured at several degrees into `sp_compute_overhead`. `replicated_seq_s` and
-`step_overhead_s` are not fitted: the runtime calibration folds the step's fixed cost into its
-gradient-sync figure (an equivalent charge), and per-sample replicated work would need
-micro-batches of one token count at several sample counts and degrees (not measured yet).
+all-to-all bandwidth and latency per group size. The runtime calibration
+(`dcp-opt profile --calibrate-world N`, runtime/profile_fit.py) also fits
+`sp_compute_overhead` per degree jointly with the in-situ all-to-all, `replicated_seq_s`
+(per layer, from calibration micro-batches of several sample counts at several degrees) and
+`step_overhead_s` (the step beyond the executor's gradient sum), and
+`cost_model_from_profile` sets them (docs/profiler.md). `fit_sp_overhead` turns micro-batch
+times with the all-to-all already taken out into `sp_compute_overhead`.
 """
 
 from __future__ import annotations

@@ -194,9 +194,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_summary(prof) -> dict | None:
+    """What the runtime calibration measured, for the report (None without one)."""
+    cal = prof.runtime
+    if cal is None:
+        return None
+    return {
+        "world": cal.world,
+        "compute_factor": cal.compute_factor,
+        "microbatch_overhead_s": cal.microbatch_overhead_s,
+        "a2a_bandwidth_bytes_per_s": cal.a2a_bandwidth_bytes_per_s,
+        "a2a_latency_s": cal.a2a_latency_s,
+        "grad_sync_s": cal.grad_sync_s,
+        "sp_compute_overhead": {str(d): x for d, x in cal.sp_compute_overhead},
+        "replicated_seq_s_per_layer": cal.replicated_seq_s_per_layer,
+        "step_overhead_s": cal.step_overhead_s,
+    }
+
+
 def _report(prof, out: Path, warns: list[str], *, as_json: bool) -> None:
+    summary = _calibration_summary(prof)
     if as_json:
-        print(json.dumps({"output": str(out), "fit": prof.fit, "warnings": warns}, indent=1))
+        doc = {"output": str(out), "fit": prof.fit, "warnings": warns}
+        print(json.dumps(doc | ({} if summary is None else {"runtime": summary}), indent=1))
         return
     from rich.console import Console
     from rich.table import Table
@@ -219,6 +239,16 @@ def _report(prof, out: Path, warns: list[str], *, as_json: bool) -> None:
             )
     console = Console()
     console.print(table)
+    if summary is not None:
+        over = ", ".join(f"d={d}: +{x:.0%}" for d, x in summary["sp_compute_overhead"].items())
+        console.print(
+            f"runtime calibration (world {summary['world']}): compute x"
+            f"{summary['compute_factor']:.2f}, +{summary['microbatch_overhead_s'] * 1e3:.1f} ms "
+            f"per micro-batch; SP overhead {over or 'none'}; replicated "
+            f"{summary['replicated_seq_s_per_layer'] * 1e6:.1f} us per sample per layer; step "
+            f"{summary['grad_sync_s'] * 1e3:.1f} ms ({summary['step_overhead_s'] * 1e3:.1f} ms "
+            "fixed)"
+        )
     for w in warns:
         console.print(f"[yellow]warning:[/yellow] {w}")
 

@@ -359,6 +359,10 @@ def test_cli_calibrate_world_stores_the_runtime_calibration(tmp_path, capsys):
         assert main([*argv, "--calibrate-world", "2"]) == 0
     cal = load_profile(out).runtime
     assert cal is not None and cal.world == 2 and {s["degree"] for s in cal.samples} == {1, 2}
+    # the report shows what the calibration measured, knobs included
+    shown = json.loads(capsys.readouterr().out)["runtime"]
+    assert shown["sp_compute_overhead"] == {str(d): x for d, x in cal.sp_compute_overhead}
+    assert shown["step_overhead_s"] == cal.step_overhead_s <= shown["grad_sync_s"]
 
 
 # ---- fidelity benchmark helpers --------------------------------------------------------
