@@ -64,7 +64,8 @@ MODULES = {
         ),
     ),
     "common": Module(
-        "dcp_opt/solvers/common.py", ("tests/test_greedy.py", "tests/test_baselines.py")
+        "dcp_opt/solvers/common.py",
+        ("tests/test_common.py", "tests/test_greedy.py", "tests/test_baselines.py"),
     ),
     "tasks": Module(
         "dcp_opt/runtime/tasks.py",
