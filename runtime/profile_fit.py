@@ -67,7 +67,7 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
             "act_bytes": m_act.report.to_dict(),
             "ckpt_bytes": m_ck.report.to_dict(),
             "recompute_extra_forward_ratio": _recompute_ratio(plain, rec),
-            **({"window": win["window"]} if win["window"] else {}),
+            **(_window_check(name, plain, win, kw) if win["window"] else {}),
             "num_points": len(plain) + len(rec),
         }
     head = _fit_head(points, report, kw)
@@ -86,6 +86,21 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
         source="profile",
     )
     return coeffs, report
+
+
+def _window_check(name: str, plain: list, win: dict, kw: dict) -> dict:
+    """The window the fit used and, beside it, the held-out median error of the same points
+    fitted on plain s^2: a kernel that computes the whole s x s block and masks it (not
+    FlashAttention's `window_size`) fits s^2 better, which says the measured kernel does not
+    exploit the window the cost model charges (docs/profiler.md, limitations)."""
+    shapes = [p.shapes for p in plain]
+    plain_err = {
+        part: fit_block_time(
+            name, shapes, [getattr(p, f"{part}_s") for p in plain], warn=False, **kw
+        ).report.median_rel_err_test
+        for part in ("fwd", "bwd")
+    }
+    return {"window": win["window"], "plain_s2_median_rel_err_test": plain_err}
 
 
 def _recompute_ratio(plain: list, rec: list) -> float | None:

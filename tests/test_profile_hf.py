@@ -237,6 +237,8 @@ def test_windowed_profile_fits_the_windowed_term(tmp_path):
         prof = P.profile_model(target, TINY, clock=P.CpuClock(), progress=False)
     fit = prof.fit["layer"]
     assert fit["window"] == 24  # the fit used the measured layer's window
+    # beside it, the same points fitted on plain s^2 (does the kernel exploit the window?)
+    assert set(fit["plain_s2_median_rel_err_test"]) == {"fwd", "bwd"}
     # the held-out error is reported (a number; its size depends on the machine's load)
     assert fit["fwd"]["n_test"] >= 1 and fit["fwd"]["median_rel_err_test"] >= 0
     path = save_profile(prof, tmp_path / "mistral.profile.json")

@@ -157,6 +157,8 @@ def test_fit_follows_the_measured_layers_window():
             assert getattr(getattr(got, part), k) == pytest.approx(v, rel=1e-6), (part, k)
     assert prof.fit["layer"]["window"] == 48
     assert prof.fit["layer"]["fwd"]["median_rel_err_test"] < 1e-9
+    # the same points on plain s^2 fit worse: the report's check can tell the two apart
+    assert prof.fit["layer"]["plain_s2_median_rel_err_test"]["fwd"] > 1e-3
 
 
 def test_cache_skips_measured_points(tmp_path):
