@@ -231,6 +231,10 @@ class CostModel:
     sp_compute_overhead: tuple[tuple[int, float], ...] = ()
     replicated_seq_s: float = 0.0
     step_overhead_s: float = 0.0
+    # The SP kinds a planner may give a group (cp_cost.SP_KINDS; Ulysses always): with "cp"
+    # the per-degree tables (table.py) and bounds take the least over the kinds, and greedy
+    # and cpsat choose each group's kind. Every figure of a given kind is the same either way.
+    sp_kinds: tuple[str, ...] = ("ulysses",)
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -246,6 +250,7 @@ class CostModel:
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
         self._check_knobs()
+        self._check_sp_kinds()
         missing = set(self.model.block_types) - set(self.coeffs.blocks)
         if missing:
             raise DcpOptError(
@@ -274,6 +279,23 @@ class CostModel:
                 f"{list(allowed)} and finite x >= 0, got {self.sp_compute_overhead!r}"
             )
         object.__setattr__(self, "sp_compute_overhead", tuple(sorted(pairs)))
+
+    def _check_sp_kinds(self) -> None:
+        kinds = self.sp_kinds
+        ok = (
+            isinstance(kinds, (tuple, list))
+            and "ulysses" in kinds
+            and len(set(kinds)) == len(kinds)
+            and all(k in cp_cost.SP_KINDS for k in kinds)
+        )
+        if not ok:
+            raise DcpOptError(
+                f"sp_kinds: {kinds!r} not allowed; allowed: distinct entries of "
+                f"{list(cp_cost.SP_KINDS)}, 'ulysses' included"
+            )
+        if "cp" in kinds:
+            cp_cost.check_kind(self.model, "cp")
+        object.__setattr__(self, "sp_kinds", tuple(k for k in cp_cost.SP_KINDS if k in kinds))
 
     def sp_factor(self, d: int) -> float:
         """Multiplier of one layer's time at degree d (1 + sp_compute_overhead's x)."""
@@ -610,6 +632,8 @@ class CostModel:
             payload["replicated_seq_s"] = self.replicated_seq_s
         if self.step_overhead_s:
             payload["step_overhead_s"] = self.step_overhead_s
+        if self.sp_kinds != ("ulysses",):  # plans for cp-capable planners differ
+            payload["sp_kinds"] = list(self.sp_kinds)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -26,6 +26,11 @@ class SeqTable:
     # (D,) seconds of an empty micro-batch at r = 0: the per-micro-batch constant that
     # sequences packed into one micro-batch pay once.
     const: np.ndarray | None = None
+    # (n, D) index into cost.sp_kinds of the kind whose time `time` is (None: Ulysses only).
+    # With several kinds every time column is the least over the kinds (so bounds from the
+    # table hold for plans of any kind) and r_min the fewest layers over them (Ulysses': cp
+    # holds more, cp_cost), a valid recompute for a Ulysses group.
+    kind: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -40,6 +45,32 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     key = ("table", batch.fingerprint())
     if key in cost._cache:
         return cost._cache[key]
+    if len(cost.sp_kinds) > 1:
+        cost._cache[key] = _least_over_kinds(batch, cost)
+        return cost._cache[key]
+    out = _kind_table(batch, cost, "ulysses")
+    cost._cache[key] = out
+    return out
+
+
+def _least_over_kinds(batch: Batch, cost: CostModel) -> SeqTable:
+    """The elementwise least over cost.sp_kinds of each kind's table, the argmin recorded."""
+    tabs = [_kind_table(batch, cost, k) for k in cost.sp_kinds]
+    times = np.stack([t.time for t in tabs])
+    kind = np.argmin(times, axis=0)
+    least = np.take_along_axis(times, kind[None], axis=0)[0]
+    over = cost.coeffs.microbatch_overhead_s
+    marginal = np.min(np.stack([t.time_marginal for t in tabs]), axis=0)
+    const = np.min(np.stack([t.const for t in tabs]), axis=0)
+    r_min = tabs[0].r_min  # Ulysses': the fewest layers over the kinds
+    return SeqTable(
+        tabs[0].degrees, tabs[0].feats, tabs[0].tokens, r_min, least, least - over, marginal,
+        const, kind,
+    )  # fmt: skip
+
+
+def _kind_table(batch: Batch, cost: CostModel, sp_kind: str) -> SeqTable:
+    """The table of one SP kind (every group of that kind)."""
     feats = cost.batch_features(batch)
     tokens = feats[:, -2]
     degrees = cost.cluster.allowed_degrees
@@ -52,14 +83,12 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
     rows = np.vstack([feats, np.zeros((len(levels), feats.shape[1]))])
     step = max(1, BLOCK_ELEMENTS // len(rows))
     blocks = [
-        _block(cost, tokens, rows, levels, degrees[a : a + step])
+        _block(cost, tokens, rows, levels, degrees[a : a + step], sp_kind)
         for a in range(0, len(degrees), step)
     ]
     r_min, time, marginal = (np.vstack([b[k] for b in blocks]).T.copy() for k in range(3))
     const = np.concatenate([b[3] for b in blocks])
-    out = SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
-    cost._cache[key] = out
-    return out
+    return SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)
 
 
 # Elements of one block's arrays (64 KiB of floats): larger temporaries are fresh pages from
@@ -67,15 +96,16 @@ def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
 BLOCK_ELEMENTS = 8192
 
 
-def _block(cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...]):
+def _block(cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...], sp_kind: str):
     """(r_min, time, marginal) of a block of degrees, one row per degree (D, n), and the
     empty micro-batch's time (D,). Rows that fit nowhere (r = -1) are priced too, then
     masked: cheaper than copying the rows that fit."""
     n = len(tokens)
     caps = np.array([best_capacity(cost, d) for d in degrees])[:, None]
-    r_min = cost.min_recompute(tokens, np.array(degrees)[:, None], caps)
+    kw = {} if sp_kind == "ulysses" else {"kind": sp_kind}
+    r_min = cost.min_recompute(tokens, np.array(degrees)[:, None], caps, **kw)
     rec = np.hstack([r_min, np.broadcast_to(levels, (len(degrees), len(levels)))])
-    t_all = cost.time_by_degree(rows, degrees, rec)
+    t_all = cost.time_by_degree(rows, degrees, rec, **kw)
     t, empty = t_all[:, :n], t_all[:, n:]
     ok = r_min >= 0
     marginal = np.where(ok, t - np.take_along_axis(empty, r_min, axis=1), np.inf)

@@ -87,7 +87,17 @@ from dcp_opt.validate import InvalidPlanError
 from . import cpsat_extract as cx
 from . import cpsat_model as cm
 from .common import finish, gc_paused
-from .greedy import Draft, Instance, assign, candidates, make_instance, place, to_phases
+from .greedy import (
+    Draft,
+    Instance,
+    assign,
+    candidates,
+    make_instance,
+    place,
+    plan_greedy,
+    to_phases,
+)
+from .kinds import best_with_kinds
 from .lp_bound import lp_bound
 
 log = logging.getLogger(__name__)
@@ -199,6 +209,11 @@ def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
     if incumbents:
         with clock.stage("incumbents"):
             result = _best_of(result, incumbents, batch, cost)
+    if "cp" in cost.sp_kinds:  # kinds per group, never slower than greedy (solvers/kinds.py)
+        with clock.stage("kinds"):
+            greedy = plan_greedy(batch, cost)
+            greedy = replace(greedy, planner="cpsat")  # finish() names the plan after it
+            result = best_with_kinds([result, greedy], batch, cost, started=clock.started)
     with clock.stage("lp_bound"):
         lp_s = _lp(batch, cost, result.predicted_step_time_s, clock)
     stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s)

@@ -42,6 +42,7 @@ from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import t
     place,
     preferred_degrees,
 )
+from .kinds import best_with_kinds
 
 # Targets tried, as multiples of the analytic bound's finish time: assignment that keeps
 # each sequence on its preferred degree while it meets T, and earliest-finish assignment.
@@ -478,9 +479,19 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
     started = time.perf_counter()
     with gc_paused():
         phases, how = _first_fit(batch, cost)
-        return finish(
+        res = finish(
             phases, batch, cost, planner="greedy", started=started, stats={"candidate": how}
         )
+        if "cp" not in cost.sp_kinds:
+            return res
+        # cp allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
+        # faster kept (solvers/kinds.py: never slower than Ulysses-only greedy)
+        alone = cost.with_(sp_kinds=("ulysses",))
+        u_phases, u_how = _first_fit(batch, alone)
+        u_res = finish(
+            u_phases, batch, cost, planner="greedy", started=started, stats={"candidate": u_how}
+        )
+        return best_with_kinds([res, u_res], batch, cost, started=started)
 
 
 def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:

@@ -60,9 +60,15 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
     deg = np.asarray(tab.degrees, dtype=float)
     w = np.maximum(np.asarray(c.speed_factors or (1.0,) * c.num_gpus), 1.0)
     zero = np.zeros(cost.num_features)
-    const = np.array([float(cost.time(zero, int(d), 0)) for d in tab.degrees])
+    # Several SP kinds (cost.sp_kinds): the table holds the least time over them, and each
+    # term below is the least over the kinds, so the bound holds for plans of any kind.
+    kws = [{} if k == "ulysses" else {"kind": k} for k in cost.sp_kinds]
+    const = np.array(
+        [min(float(cost.time(zero, int(d), 0, **kw)) for kw in kws) for d in tab.degrees]
+    )
     cap = np.array([max(cost.capacity(s, int(d)) for s in c.placements(int(d))) for d in deg])
-    work = deg[None, :] * (tab.time_marginal + _shares(cost, tab, cap))
+    shares = np.min([_shares(cost, tab, cap, **kw) for kw in kws], axis=0)
+    work = deg[None, :] * (tab.time_marginal + shares)
     top = w.max()
     return _Data(
         tab.time / top,
@@ -75,21 +81,24 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
     )
 
 
-def _shares(cost: CostModel, tab, cap: np.ndarray) -> np.ndarray:
+def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     """(n, D) the least each sequence adds to a micro-batch beyond its marginal time: at
     recompute level r (r >= its own r_min, else it does not fit) a micro-batch holds at most
     K_d(r) tokens, so the sequence carries at least tok / K_d(r) of the empty micro-batch's
     time E_d(r), and (r - r_min) more recomputed layers of its own, rec each; the least over
     r. Every figure is the cost model's own (time_by_degree, memory), so subclasses hold too.
     Time is affine in the features (table.py), so rec = features @ (the increment of one
-    more recomputed layer per unit feature): one cost call per feature, not per sequence."""
+    more recomputed layer per unit feature): one cost call per feature, not per sequence.
+    `kind`: the SP kind's times (empty micro-batch, recompute); memory per token is
+    Ulysses' at degree 1 (the least of the kinds) and r_min the table's (the fewest over
+    the kinds): both can only lower the term."""
     L = cost.model.num_layers
     degrees = tab.degrees
     deg = np.asarray(degrees, dtype=float)
     nd, nf = len(degrees), cost.num_features
     levels = np.arange(L + 1)
     empty = cost.time_by_degree(
-        np.zeros((L + 1, nf)), degrees, np.broadcast_to(levels, (nd, L + 1))
+        np.zeros((L + 1, nf)), degrees, np.broadcast_to(levels, (nd, L + 1)), **kind
     )
     per_tok = np.array([float(cost.memory(1.0, 1, r)) for r in levels]) - cost.fixed_bytes()
     room = np.maximum(cap - cost.fixed_bytes(), 1e-30)
@@ -101,7 +110,7 @@ def _shares(cost: CostModel, tab, cap: np.ndarray) -> np.ndarray:
     if L == 0:
         return np.where(ok, at_r0, np.inf)
     eye = np.eye(nf)
-    step = [cost.time_by_degree(eye, degrees, np.full((nd, nf), r)) for r in (0, 1)]
+    step = [cost.time_by_degree(eye, degrees, np.full((nd, nf), r), **kind) for r in (0, 1)]
     g = (step[1] - empty[:, 1:2]) - (step[0] - empty[:, 0:1])  # (D, F) per unit feature
     rec = np.maximum(tab.feats @ g.T, 0.0)  # (n, D) one more recomputed layer of it
     slopes = (empty[:, -1] - empty[:, 0]) * (per_tok[-1] - per_tok[0])
