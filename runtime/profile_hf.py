@@ -23,6 +23,7 @@ the CostModel multiplies in (runtime/profiler.py: the extrapolation).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,11 +127,13 @@ class HFLayerAdapter:
     block_type = "layer"
 
     def __init__(
-        self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state, seed=0, window=0
-    ):
+        self, layer: nn.Module, rotary: nn.Module, hidden: int, *, state, seed=0, window=0,
+        layer_type=None,
+    ):  # fmt: skip
         self.module, self.rotary, self.hidden = layer, rotary, hidden
         self.state, self.seed = state, seed
         self.window = window  # the layer's sliding window (0: none): the fit's Q follows it
+        self.layer_type = layer_type  # for a rotary embedding per layer type (Gemma 3)
 
     def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
         device = torch.device(device)
@@ -148,8 +151,9 @@ class HFLayerAdapter:
         for h, row in inputs:
             pos = row.positions
             self.state.segments = row.segments
-            with torch.no_grad():
-                cos, sin = self.rotary(h, pos)
+            with torch.no_grad():  # Gemma 3: one RoPE per layer type (local / global)
+                extra = () if self.layer_type is None else (self.layer_type,)
+                cos, sin = self.rotary(h, pos, *extra)
             out = self.module(h, position_ids=pos, position_embeddings=(cos, sin), use_cache=False)
             outs.append(out[0] if isinstance(out, tuple) else out)  # older transformers: tuple
         return outs
@@ -180,14 +184,19 @@ def _build_one_layer(config, *, dtype, device, seed: int) -> nn.Module:
     tf = _transformers()
     cfg = copy.deepcopy(config)
     cfg.num_hidden_layers = 1
-    torch.manual_seed(seed)
-    try:
-        with torch.device(device):
-            model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
-    except ValueError as e:
-        raise DcpOptError(f"model: {cfg.model_type!r} is not a causal LM transformers can build "
-                          f"({str(e).splitlines()[0]})") from None  # fmt: skip
-    return model.to(dtype)
+    # the layer's attention becomes runtime.hf's function (_runtime_attention), so the
+    # implementation it is built with does not run; "eager" for families without SDPA (Gemma 2)
+    for impl in ("sdpa", "eager"):
+        torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation=impl)
+            return model.to(dtype)
+        except ValueError as e:
+            why = str(e).splitlines()[0]
+    raise DcpOptError(
+        f"model: {cfg.model_type!r} is not a causal LM transformers can build ({why})"
+    )
 
 
 def hf_spec(config, *, name: str, dtype_bytes: int) -> ModelSpec:
@@ -251,7 +260,12 @@ def hf_target(
         "attention": ATTN_NAME,
         **({"window": window} if window else {}),
     }
-    adapter = HFLayerAdapter(layer, rotary, spec.hidden, state=state, seed=seed, window=window)
+    kind = None  # a rotary embedding per layer type (Gemma 3) takes the layer's type
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        kind = config.layer_types[0]
+    adapter = HFLayerAdapter(
+        layer, rotary, spec.hidden, state=state, seed=seed, window=window, layer_type=kind
+    )
     return ProfileTarget(
         spec,
         {"layer": adapter},

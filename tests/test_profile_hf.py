@@ -189,44 +189,63 @@ def test_cli_errors(tmp_path, capsys, monkeypatch):
 
 # ---- sliding windows (issue 12): the spec records them, the fit's Q follows them ----------
 def _windowed_configs():
-    from transformers import MistralConfig, Qwen2Config
+    import transformers as tf
 
     base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=512)  # fmt: skip
-    mistral = MistralConfig(**base, num_hidden_layers=2, sliding_window=24)
-    # Qwen2 with alternating sliding / full layers (layer_types), window 24 on layer 0
-    qwen2 = Qwen2Config(**base, num_hidden_layers=4, use_sliding_window=True, sliding_window=24,
-                        layer_types=["sliding_attention", "full_attention"] * 2)  # fmt: skip
-    return {"mistral": mistral, "qwen2": qwen2}
+                num_key_value_heads=2, max_position_embeddings=512, sliding_window=24)  # fmt: skip
+    alternating = ["sliding_attention", "full_attention"] * 2  # window 24 on layer 0
+    return {
+        "mistral": tf.MistralConfig(**base, num_hidden_layers=2),
+        "qwen2": tf.Qwen2Config(
+            **base, num_hidden_layers=4, use_sliding_window=True, layer_types=alternating
+        ),
+        # Gemma 2: attention-logit softcapping (50) on by default; Gemma 3: a RoPE per type
+        "gemma2": tf.Gemma2Config(**base, num_hidden_layers=4, head_dim=16),
+        "gemma3": tf.Gemma3TextConfig(
+            **base, num_hidden_layers=4, head_dim=16, layer_types=alternating
+        ),
+    }
 
 
-@pytest.mark.parametrize("family, windowed_layers", [("mistral", 2), ("qwen2", 2)])
+@pytest.mark.parametrize("family, windowed_layers", [("mistral", 2), ("qwen2", 2),
+                                                     ("gemma2", 2), ("gemma3", 2)])  # fmt: skip
 def test_windowed_spec_and_layer_attend_within_the_window(family, windowed_layers):
     from transformers import AutoModelForCausalLM
 
     cfg = _windowed_configs()[family]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").double()
+    # the reference: the family's SDPA attention; Gemma 2 has none, and its eager attention
+    # takes the softmax in float32 (modeling_gemma2.eager_attention_forward), so it is
+    # compared at float32's precision
+    impl, atol = ("eager", 1e-6) if family == "gemma2" else ("sdpa", 1e-10)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).double()
     target = hf_target(model)
     assert (target.model.window, target.model.windowed_layers) == (24, windowed_layers)
     assert target.model.num_params == sum(p.numel() for p in model.parameters())
     block = target.blocks["layer"]
     assert block.window == 24 and target.meta["window"] == 24
-    # the adapter's layer attends within the window: the model's own layer 0 given the
-    # sliding causal mask (key j visible from query i iff i - 24 < j <= i), per sequence
+    # from the config alone too (Gemma 2 has no SDPA: built with eager attention)
+    assert hf_target(cfg).blocks["layer"].window == 24
+    # the adapter's layer attends within the window: the model's own layer 0 (softcapping
+    # included) given the sliding causal mask (key j visible from query i iff
+    # i - 24 < j <= i) as an additive mask, each sequence alone (a mask leaking past the
+    # window differs by ~0.05 here)
     lengths = [40, 9]
     [(h, row)] = block.make_inputs([(n,) for n in lengths], dtype=torch.float64, device="cpu")
     got = block.forward([(h, row)])[0]
+    rope = () if family != "gemma3" else ("sliding_attention",)
     want, start = [], 0
     for n in lengths:
         x, pos = h[:, start : start + n], torch.arange(n)[None]
         i, j = torch.arange(n)[:, None], torch.arange(n)[None]
-        mask = ((j <= i) & (j > i - 24))[None, None]
-        cs = model.model.rotary_emb(x, pos)
-        want.append(model.model.layers[0](x, attention_mask=mask, position_ids=pos,
-                                          position_embeddings=cs))  # fmt: skip
+        hidden = ~((j <= i) & (j > i - 24))
+        mask = torch.zeros(n, n, dtype=torch.float64).masked_fill(hidden, -torch.inf)
+        cs = model.model.rotary_emb(x, pos, *rope)
+        out = model.model.layers[0](x, attention_mask=mask[None, None], position_ids=pos,
+                                    position_embeddings=cs)  # fmt: skip
+        want.append(out[0] if isinstance(out, tuple) else out)
         start += n
-    assert torch.allclose(got, torch.cat(want, dim=1), rtol=0, atol=1e-10)
+    assert torch.allclose(got, torch.cat(want, dim=1), rtol=0, atol=atol)
 
 
 def test_windowed_profile_fits_the_windowed_term(tmp_path):
