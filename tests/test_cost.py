@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dcp_opt import Batch, CostModel
@@ -91,3 +92,72 @@ def test_coefficients_round_trip_through_their_dict():
     del broken["blocks"]["layer"]["fwd"]
     with pytest.raises(DcpOptError, match=r"cost coefficients: malformed \('fwd'\)"):
         CostCoefficients.from_dict(broken)
+
+
+def comm_cost() -> CostModel:
+    """The toy on two one-GPU nodes with 4 bytes of all-to-all per token and layer, 1 B/s in a
+    node, 0.25 B/s across, no latency: one layer's forward at degree 2 moves 4 * T/2 * 1/2
+    bytes, all of it to the other node."""
+    cost = toy_cost(2, 1)
+    return cost.with_(
+        cluster=cost.cluster.with_(inter_node_bw=0.25),
+        coeffs=replace(cost.coeffs, a2a_bytes_per_token_layer=4.0),
+    )
+
+
+def test_time_sums_compute_recompute_and_comm_and_passes_the_span_on():
+    cost = comm_cost()
+    seqs = Batch.from_lengths([8]).sequences
+    feats = cost.features(seqs[0])[None, :]
+    # degree 2 across the nodes, 1 recomputed layer: compute 24 + 0.5, recompute 4, comm
+    # (2*2 + 1) layers x 8 bytes at 0.25 B/s = 160
+    assert float(cost.time(feats, 2, 1)[0]) == pytest.approx(24.5 + 4 + 160)
+    assert cost.microbatch_time(seqs, 2, 1).total_s == pytest.approx(188.5)
+    # told the group stays in one node, the same bytes go at 1 B/s: 40
+    inside = cost.microbatch_time(seqs, 2, 1, spans_nodes=False)
+    assert inside.comm_s == pytest.approx(40.0)
+    assert float(cost.time(feats, 2, 1, spans_nodes=False)[0]) == pytest.approx(24.5 + 4 + 40)
+
+
+def test_step_collectives_scale_with_the_parameter_count():
+    base = toy_cost()
+    cost = base.with_(model=replace(base.model, num_params=3.0))
+    assert cost.step_collectives() == pytest.approx(
+        {"param_all_gather": 3 / 4 * 2.0 * 3, "grad_reduce_scatter": 3 / 4 * 4.0 * 3}
+    )
+    assert cost.with_(optimizer_sharding="none").step_collectives() == pytest.approx(
+        {"grad_all_reduce": 2 * 3 / 4 * 4.0 * 3}
+    )
+
+
+def test_check_fits_capacity_is_the_groups_smallest_member():
+    # Ranks 2..3 hold 400 and 300 bytes: a degree-2 group there has 300, not rank 2's 400.
+    cost = toy_cost(memory_per_rank=(50.0, 100.0, 400.0, 300.0), degrees=(1, 2))
+    with pytest.raises(InfeasibleError) as e:
+        cost.check_fits(Batch.from_lengths([44]))  # needs 317
+    assert e.value.capacity_bytes == 300.0
+    # bytes shown in GB with one decimal: the toy's are 0.0
+    assert "needs 0.0 GB per GPU" in str(e.value) and "capacity 0.0 GB" in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["ulysses", "cp"])
+@pytest.mark.parametrize("subclass", [False, True])
+def test_time_by_degree_rows_are_the_one_degree_calls_bit_for_bit(kind, subclass):
+    from dcp_opt import cluster_preset, model_preset, standard_batch
+
+    class PerDegree(CostModel):  # reprices time_parts: the per-degree loop
+        def time_parts(self, *a, **kw):
+            return super().time_parts(*a, **kw)
+
+    cls = PerDegree if subclass else CostModel
+    cost = cls(model_preset("llama3-8b"), cluster_preset("h200x32"))
+    assert cost.takes_degree_vectors is not subclass
+    feats = cost.batch_features(standard_batch("1d-short", seed=2))
+    degrees = cost.cluster.allowed_degrees
+    rec = (np.arange(len(degrees) * len(feats)).reshape(len(degrees), -1) % 3).astype(int)
+    got = cost.time_by_degree(feats, degrees, rec, kind=kind)
+    kw = {} if kind == "ulysses" else {"kind": kind}
+    for row, d, r in zip(got, degrees, rec, strict=True):
+        assert np.array_equal(row, cost.time(feats, d, r, **kw))
+    if kind == "cp":  # the kind reaches the cost model: context parallelism costs differ
+        assert not np.array_equal(got, cost.time_by_degree(feats, degrees, rec))
