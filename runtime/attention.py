@@ -39,10 +39,13 @@ def segment_attention(
       softmax and is then dropped (gpt-oss `s_aux`).
 
     On CUDA in half precision (causal, no softcap or sinks) every segment goes in one
-    FlashAttention varlen call with `window_size` (_use_varlen). Otherwise computed one
-    segment at a time: cost sum s^2 (s * window with a window) rather than (sum s)^2, which is what the cost model assumes of a packed micro-batch (as
-    FlashAttention's varlen kernels do; Dao 2023, sec. 3.1), and unmasked 4-D inputs select
-    PyTorch's fused kernel. Softcap and sinks take an explicit float softmax in the inputs'
+    FlashAttention varlen call with `window_size` (_use_varlen): work ~ s * window, what the
+    cost model charges a windowed layer. Otherwise computed one segment at a time: cost sum
+    s^2 rather than (sum s)^2, which is what the cost model assumes of a packed micro-batch
+    (as FlashAttention's varlen kernels do; Dao 2023, sec. 3.1), and unmasked 4-D inputs
+    select PyTorch's fused kernel. A windowed segment longer than its window is one masked
+    s x s call on this path (exact, but s^2 work, not s * window: a profile of a windowed
+    model fitted on CPU sees that, docs/profiler.md). Softcap and sinks take an explicit float softmax in the inputs'
     dtype (no fused CPU kernel has them). Non-contiguous segment ids fall back to one masked
     call over the whole stream (same result)."""
     t = q.shape[0]
