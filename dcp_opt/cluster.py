@@ -6,12 +6,12 @@ SP degrees exist and where a group of each degree may be placed.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from .errors import DcpOptError, require
+from .errors import is_int as _int
+from .errors import is_real as _real
 from .topology.model import Topology
 
 GB = 1e9
@@ -266,20 +266,6 @@ class Cluster:
             )
             d["topology"] = topo.first(n)  # the first n GPUs' part of the fabric
         return Cluster.from_dict(d)
-
-
-def _int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _real(x) -> bool:
-    """A finite int or float (not a bool; an int too big for a float is not finite here)."""
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
 
 
 def _powers_of_two(limit: int) -> list[int]:

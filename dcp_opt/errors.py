@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import numbers
 
 
 class DcpOptError(ValueError):
@@ -28,6 +30,21 @@ class InfeasibleError(DcpOptError):
 
 class PlanFormatError(DcpOptError):
     """A plan JSON that does not parse into a Plan (wrong version, type or shape)."""
+
+
+def is_int(x) -> bool:
+    """An int, not a bool (True is an int to Python, never a count to us)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    """A finite int or float (not a bool; an int too big for a float is not finite here)."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def require(cond: bool, field: str, message: str) -> None:

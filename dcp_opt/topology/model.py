@@ -13,12 +13,12 @@ to them (dcp_opt.cluster).
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..errors import DcpOptError, require
+from ..errors import is_int as _int
+from ..errors import is_real as _real
 
 NODE_KINDS = ("gpu", "nic", "switch")
 COMBINE_RULES = ("sum", "max")
@@ -318,16 +318,3 @@ def _link(x, i: int) -> Link:
         f"must be an object with a, b, bandwidth (and latency_s, tier), got {x!r}",
     )
     return Link(**x)
-
-
-def _int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _real(x) -> bool:
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
