@@ -211,21 +211,28 @@ def _inter_phases(
     n = cost.cluster.num_gpus
     while pool.any_left():
         step = fill_step(pool, n, rng, biased)
-        step.sort(key=lambda g: -g[1])  # sampler.py:510-512, stable
-        gas = ga_solve([pool.prof[b].best.time for b, _, _ in step], max_gas, min_gas)
-        entries = []
-        for (b, sp, first), g in zip(step, gas, strict=True):
-            p = pool.prof[b].best
-            sizes = [first]
-            while len(sizes) < g and pool.left[b] > 0:  # chain stops when the bucket runs out
-                k = min(p.bs, pool.left[b])
-                pool.left[b] -= k
-                sizes.append(k)
-            entries.append((sp, [MicroBatch(pool.take(b, k), p.recompute) for k in sizes]))
+        entries = inter_entries(step, pool, max_gas, min_gas)
         starts = layout([sp for sp, _ in entries], cost)
         phases.append(_groups(entries, starts))
         gas_log.append([len(m) for _, m in entries])
     return phases, gas_log
+
+
+def inter_entries(step, pool: _Pool, max_gas: int, min_gas: int) -> list:
+    """One published DCP-inter step: its groups widest first, each one's micro-step count from
+    ga_solve, and its micro-batches chained from the group's bucket -> [(sp, [MicroBatch])]."""
+    step.sort(key=lambda g: -g[1])  # sampler.py:510-512, stable
+    gas = ga_solve([pool.prof[b].best.time for b, _, _ in step], max_gas, min_gas)
+    entries = []
+    for (b, sp, first), g in zip(step, gas, strict=True):
+        p = pool.prof[b].best
+        sizes = [first]
+        while len(sizes) < g and pool.left[b] > 0:  # chain stops when the bucket runs out
+            k = min(p.bs, pool.left[b])
+            pool.left[b] -= k
+            sizes.append(k)
+        entries.append((sp, [MicroBatch(pool.take(b, k), p.recompute) for k in sizes]))
+    return entries
 
 
 def _plan_inter(batch, cost, name, mode, seed, max_gas, min_gas, biased, unit) -> PlanResult:

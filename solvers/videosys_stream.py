@@ -43,7 +43,16 @@ from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Group, MicroBatch
 
 from .baselines import DEFAULT_BUCKET_DEGREE, fitting_degree, median_clip
-from .videosys import _groups, _pick_sp, _Pool, _pop_overflow, _rebalance_bs, _retune, ga_solve
+from .videosys import (
+    _groups,
+    _pick_sp,
+    _Pool,
+    _pop_overflow,
+    _rebalance_bs,
+    _retune,
+    ga_solve,
+    inter_entries,
+)
 from .videosys import layout as group_layout
 from .videosys_profile import BucketProfile, make_buckets, profile_bucket
 
@@ -242,17 +251,7 @@ def _inter_steps(pool, cost, rng, drop_last, max_gas, min_gas, biased=True):
         step, filled = _fill(pool, cost.cluster.num_gpus, rng, biased, on_full=on_full)
         if not step or (not filled and _unfilled(step, pool, drop_last)):
             continue
-        step.sort(key=lambda g: -g[1])  # sampler.py:510-512, stable
-        gas = ga_solve([pool.prof[b].best.time for b, _, _ in step], max_gas, min_gas)
-        entries = []
-        for (b, sp, first), g in zip(step, gas, strict=True):
-            p = pool.prof[b].best
-            sizes = [first]
-            while len(sizes) < g and pool.left[b] > 0:  # the chain stops when the bucket ends
-                k = min(p.bs, pool.left[b])
-                pool.left[b] -= k
-                sizes.append(k)
-            entries.append((sp, [MicroBatch(pool.take(b, k), p.recompute) for k in sizes]))
+        entries = inter_entries(step, pool, max_gas, min_gas)
         steps.append(_groups(entries, group_layout([sp for sp, _ in entries], cost)))
         gas_log.append([len(m) for _, m in entries])
     return steps, {"gas_per_step": gas_log, "max_gas": max_gas, "min_gas": min_gas}
