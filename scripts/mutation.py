@@ -5,6 +5,7 @@ selection; writes a JSON summary of killed / survived / score per module.
     .venv/bin/python scripts/mutation.py --out mutation/                      # every module
     .venv/bin/python scripts/mutation.py --modules validate bounds --out mutation/
     .venv/bin/python scripts/mutation.py --modules executor --sample 40 --out mutation/
+    .venv/bin/python scripts/mutation.py --modules cost --recheck tests/test_cost.py --out mutation/
 
 Each module is mutated in its own staged copy of the tree (dcp_opt/ with runtime/ and solvers/
 nested, as the installed package sees them, plus tests/), so the working tree is never
@@ -29,7 +30,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,6 +140,25 @@ def run_mutmut(where: Path, mod: Module, jobs: int) -> dict[str, str]:
     return {name: STATUS.get(code, f"exit {code}") for name, code in codes.items()}
 
 
+def recheck(where: Path, mod: Module, jobs: int) -> dict[str, str]:
+    """An earlier mutmut run's survivors against the tests as they are now (a test written to
+    kill them): the current tests/ replace the staged copy, one pytest per survivor with
+    MUTANT_UNDER_TEST set, in mutmut's own mutated tree. Updates mutmut's results file."""
+    meta_path = where / "mutants" / (mod.path + ".meta")
+    meta = json.loads(meta_path.read_text())
+    codes = meta["exit_code_by_key"]
+    tree = where / "mutants"
+    shutil.rmtree(tree / "tests")
+    shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    survivors = [n for n, c in codes.items() if c == 0]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        again = list(pool.map(lambda n: _pytest(tree, mod, n), survivors))
+    for name, code in zip(survivors, again, strict=True):
+        codes[name] = 1 if code not in (0, 5) else code
+    meta_path.write_text(json.dumps(meta))
+    return {name: STATUS.get(code, f"exit {code}") for name, code in codes.items()}
+
+
 def run_subprocess(where: Path, mod: Module, jobs: int, sample: int | None) -> dict[str, str]:
     """Runtime modules: mutmut's trampolined module, one pytest per mutant (see docstring)."""
     os.chdir(where)  # mutmut reads its configuration from the current folder
@@ -199,6 +219,13 @@ def main() -> int:
     p.add_argument("--out", default="mutation", help="folder for staged trees and summary.json")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--sample", type=int, help="runtime modules: run this many mutants, seeded")
+    p.add_argument(
+        "--recheck",
+        nargs="*",
+        metavar="TEST",
+        help="in-process modules: rerun an earlier run's survivors (in --out) against today's "
+        "tests: these (e.g. the file written to kill them) or the module's selection",
+    )
     args = p.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -210,10 +237,14 @@ def main() -> int:
     ).stdout.strip()
     for name in args.modules:
         mod, where, started = MODULES[name], out / name, time.perf_counter()
-        stage(where)
-        if mod.in_process:
+        if args.recheck is not None and mod.in_process:
+            tests = tuple(args.recheck) or mod.tests
+            status = recheck(where, replace(mod, tests=tests), args.jobs)
+        elif mod.in_process:
+            stage(where)
             status = run_mutmut(where, mod, args.jobs)
         else:
+            stage(where)
             status = run_subprocess(where, mod, args.jobs, args.sample)
         row = summarise(name, mod, status, all_equivalent.get(mod.path, {}))
         row["wall_s"] = round(time.perf_counter() - started, 1)
