@@ -23,9 +23,13 @@ PLANNERS: dict[str, str] = {
     "dcp_inter_pac": "videosys:plan_dcp_inter_pac",
     "greedy": "greedy:plan_greedy",
     "cpsat": "cpsat:plan_cpsat",
+    "megatron_dynamic_cp": "megatron_cp:plan_megatron_dynamic_cp",
+    "verl_balanced": "verl:plan_verl_balanced",
 }
 
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")
+# Baselines of issue 16 (1D frameworks users pick instead; docs/baselines.md)
+FRAMEWORK_BASELINES = ("megatron_dynamic_cp", "verl_balanced")
 
 
 def available_planners() -> list[str]:
