@@ -1,0 +1,138 @@
+"""Issue 16: the kind-choosing planner against the framework baselines, one batch at a time.
+
+    .venv/bin/python benchmarks/bench_cp.py [--batches 3] [--cluster h200x32] [--json OUT]
+    .venv/bin/python benchmarks/bench_cp.py --map [--cluster h200x32]
+
+h200x32, llama-7b and llama3-8b, the 1D standard workloads (64K tokens per GPU) plus
+`1d-256k-1m` (lengths uniform in [256K, 1M], 128K tokens per GPU). Per (model, workload), over
+seeded batches: the median per-batch speedup of the best project planner (greedy and cpsat
+with CostModel.sp_kinds = ulysses + cp, the faster of the two per batch) over
+megatron_dynamic_cp, verl_balanced, static_tuned and Ulysses-only greedy, the number of
+batches where it is slower than Ulysses-only greedy (the acceptance: 0), and the kinds it
+chose as shares of the GPU-time of its micro-batches (simulate's events, degree x seconds).
+Figures are the cost model's (FLOP presets): a one-batch framing, not the stream's.
+--map prints, per model, where each kind wins: cp time / Ulysses time of one sequence alone
+(each at its fewest recomputed layers that fit; "inf": only Ulysses fits, "-": neither) over
+length x degree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+from dcp_opt.solvers import run_planner
+
+from dcp_opt import Batch, CostModel, cluster_preset, model_preset, standard_batch
+from dcp_opt.simulate import simulate
+
+WORKLOADS = ("1d-short", "1d-balanced", "1d-long", "1d-256k-1m")
+BASE = ("megatron_dynamic_cp", "verl_balanced", "static_tuned", "greedy")
+
+
+def long_batch(seed: int, budget: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    lengths, total = [], 0
+    while total < budget:
+        lengths.append(int(rng.integers(256 * 1024, 1024 * 1024 + 1)))
+        total += lengths[-1]
+    return Batch.from_lengths(lengths)
+
+
+def kind_shares(plan, batch, cost) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for e in simulate(plan, batch, cost).events:
+        out[e.kind] = out.get(e.kind, 0.0) + e.degree * (e.end_s - e.start_s)
+    total = sum(out.values()) or 1.0
+    return {k: round(v / total, 4) for k, v in sorted(out.items())}
+
+
+def one(model: str, workload: str, seed: int, cluster: str) -> dict:
+    base = CostModel(model_preset(model), cluster_preset(cluster))
+    kinds = base.with_(sp_kinds=("ulysses", "cp"))
+    n = base.cluster.num_gpus
+    if workload == "1d-256k-1m":
+        batch = long_batch(seed, n * 128 * 1024)
+    else:
+        batch = standard_batch(workload, seed=seed, num_gpus=n)
+    times = {name: run_planner(name, batch, base).predicted_step_time_s for name in BASE}
+    ours = [run_planner("greedy", batch, kinds)]
+    ours.append(run_planner("cpsat", batch, kinds, time_limit_s=1.0, deterministic=True))
+    best = min(ours, key=lambda r: r.predicted_step_time_s)
+    return {
+        "model": model,
+        "workload": workload,
+        "seed": seed,
+        "sequences": len(batch),
+        "ours_s": best.predicted_step_time_s,
+        "ours_planner": best.planner,
+        "baselines_s": times,
+        "kinds": kind_shares(best.plan, batch, kinds),
+    }
+
+
+def kind_map(model: str, cluster: str) -> list[str]:
+    """Lines of the cp / Ulysses time ratio over length (rows) x degree (columns)."""
+    from dcp_opt.batch import Sequence
+
+    cost = CostModel(model_preset(model), cluster_preset(cluster))
+    degrees = [d for d in cost.cluster.allowed_degrees if d > 1]
+    lines = [f"{model} cp/ulysses " + " ".join(f"d={d:<5d}" for d in degrees)]
+    for length in (2048, 8192, 32768, 131072, 524288, 1048576):
+        f, cells = cost.features(Sequence(0, (length,))), []
+        for d in degrees:
+            t = {}
+            for k in ("ulysses", "cp"):
+                r = int(cost.min_recompute(length, d, kind=k))
+                t[k] = float(cost.time(f, d, r, kind=k)) if r >= 0 else float("inf")
+            ok = np.isfinite(t["ulysses"]) or np.isfinite(t["cp"])
+            cells.append(f"{t['cp'] / t['ulysses']:<7.2f}" if ok else "-      ")
+        lines.append(f"{length:>8d} tokens    " + " ".join(cells))
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--cluster", default="h200x32")
+    ap.add_argument("--json")
+    ap.add_argument("--map", action="store_true")
+    args = ap.parse_args(argv)
+    if args.map:
+        for model in ("llama-7b", "llama3-8b"):
+            print("\n".join(kind_map(model, args.cluster)))
+        return 0
+    t0 = time.perf_counter()
+    rows, summary = [], []
+    for model in ("llama-7b", "llama3-8b"):
+        for workload in WORKLOADS:
+            runs = [one(model, workload, s, args.cluster) for s in range(args.batches)]
+            rows += runs
+            line = {"model": model, "workload": workload}
+            for name in BASE:
+                sp = [r["baselines_s"][name] / r["ours_s"] for r in runs]
+                line[f"vs_{name}"] = round(statistics.median(sp), 4)
+            line["slower_than_ulysses_greedy"] = sum(
+                r["ours_s"] > r["baselines_s"]["greedy"] * (1 + 1e-12) for r in runs
+            )
+            shares: dict[str, float] = {}
+            for r in runs:
+                for k, v in r["kinds"].items():
+                    shares[k] = shares.get(k, 0.0) + v / len(runs)
+            line["kind_share"] = {k: round(v, 3) for k, v in shares.items()}
+            summary.append(line)
+            print(json.dumps(line), flush=True)
+    out = {"config": vars(args), "summary": summary, "rows": rows}
+    out["wall_time_s"] = time.perf_counter() - t0
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
