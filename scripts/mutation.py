@@ -74,7 +74,7 @@ MODULES = {
             "tests/test_runtime_equiv.py",
             "tests/test_runtime_volume.py",
             "-k",
-            "(planner_plans and world2) or volume",
+            "(planner_plans and world2) or volume or reference_loss",
         ),
         in_process=False,
     ),

@@ -342,3 +342,18 @@ def test_bucket_bytes_must_be_a_positive_integer(bad):
     # Checked before anything else: no process group is needed to be refused.
     with pytest.raises(ValueError, match=r"bucket_bytes: .*; allowed: an integer >= 1"):
         execute_step(None, None, None, {}, pool=None, state=None, step=0, bucket_bytes=bad)
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_task_reference_loss_is_the_definition(kind):
+    """The tasks' single-sequence reference_loss (runtime/testing.reference_step, kept for
+    benchmarks) is the sequence's summed per-token loss for `tokens` and its mean for
+    `samples`, per-token losses written here (per_token_losses)."""
+    batch = planner_case(kind, 2)[0]
+    model, data = make_model(kind, 4), make_data(kind, batch, 4)
+    with torch.no_grad():
+        want = per_token_losses(kind, model, data, step=2)
+        for (sid, sample), losses in zip(sorted(data.items()), want, strict=True):
+            for normalizer_kind, value in (("tokens", losses.sum()), ("samples", losses.mean())):
+                got = TASKS[kind].reference_loss(model, sid, sample, step=2, kind=normalizer_kind)
+                assert float(got) == pytest.approx(float(value), rel=1e-12)
