@@ -10,7 +10,6 @@ import numpy as np
 from .batch import Batch
 from .build import cached_plan_fingerprint
 from .cost import CostModel, loss_normalizer
-from .cp_cost import SP_KINDS
 from .errors import DcpOptError
 from .plan import NORMALIZERS, Plan
 
@@ -18,7 +17,7 @@ CODES = {
     "NO_PHASES": "the plan has no phase",
     "WRONG_NUM_RANKS": "plan.num_ranks differs from the cluster's GPU count",
     "BAD_DEGREE": "a group's degree is not an allowed SP degree",
-    "BAD_KIND": "a group's SP kind is unknown or not available for the model",
+    "BAD_KIND": "a group's SP kind is not one of the cost model's (CostModel.sp_kinds)",
     "MISALIGNED": "a group does not start at a multiple of its degree",
     "OUT_OF_RANGE": "a group reaches past the last rank",
     "NODE_STRADDLE": "a group smaller than a node spans two nodes",
@@ -90,8 +89,8 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
                         f"{where}: degree {g.degree}; allowed {list(c.allowed_degrees)}",
                     )
                 )
-            if g.kind not in SP_KINDS or (g.kind == "cp" and cost.model.kind != "1d"):
-                allowed = list(SP_KINDS) if cost.model.kind == "1d" else ["ulysses"]
+            if g.kind not in cost.sp_kinds:  # bounds and tables hold over these kinds only
+                allowed = list(cost.sp_kinds)
                 out.append(Violation("BAD_KIND", f"{where}: kind {g.kind!r}; allowed {allowed}"))
             if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > n:
                 out.append(Violation("OUT_OF_RANGE", f"{where}: cluster has ranks 0..{n - 1}"))
@@ -181,7 +180,7 @@ def _check_memory(blocks: list, batch: Batch, cost: CostModel) -> list[Violation
     cap = np.repeat([cost.capacity(g.start_rank, g.degree) for _, g, _ in blocks], counts)
     need = cost.memory(tokens, deg, rec)
     cp = np.repeat([g.kind == "cp" for _, g, _ in blocks], counts)
-    if cp.any() and cost.model.kind == "1d":  # on a 2D model BAD_KIND says it already
+    if cp.any() and "cp" in cost.sp_kinds:  # else BAD_KIND says it already
         need = np.where(cp, cost.memory(tokens, deg, rec, "cp"), need)
     over = np.flatnonzero(need > cap * (1 + 1e-9)).tolist()
     if not over:

@@ -27,8 +27,12 @@ Deviations (docs/baselines.md, "megatron_dynamic_cp"):
 - lengths are not padded to a multiple of 2 x DP x CP (Megatron's SFT dataset pads);
 - CP sizes are rounded up to the cluster's allowed degrees (powers of two on power-of-two
   clusters: unchanged);
-- where cp cannot hold a micro-batch even with every layer recomputed, and on 2D models
-  (which Megatron's scheduler does not serve), the same schedule runs with Ulysses groups.
+- groups are `cp` only where the cost model offers it (CostModel.sp_kinds, as the planners'
+  tables and bounds do); otherwise, where cp cannot hold a micro-batch even with every layer
+  recomputed, and on 2D models (which Megatron does not serve), the same schedule runs with
+  Ulysses groups;
+- a CP size whose weakest placement cannot hold the sequence is raised to one that can, and
+  a pack over the memory runs as a chain of micro-batches that fit.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def plan_megatron_dynamic_cp(
     cost.check_fits(batch)
     n = cost.cluster.num_gpus
     tokens = {s.id: s.num_tokens for s in batch.sequences}
-    kind = "cp" if cost.model.kind == "1d" else "ulysses"
+    kind = "cp" if "cp" in cost.sp_kinds else "ulysses"  # the kinds the system has
     r, cap_tokens = _token_cap(cost, max(tokens.values()), kind)
     sched = _Sched(cost, cap_tokens, min_cp_size)
     todo = sorted(tokens.items(), key=lambda x: -x[1])  # stable: longest first
@@ -98,11 +102,23 @@ class _Sched:
     def __init__(self, cost: CostModel, cap_tokens: int, min_cp: int):
         self.n, self.cap, self.min_cp = cost.cluster.num_gpus, cap_tokens, min_cp
         self.allowed = cost.cluster.allowed_degrees
+        self.cost, self._need = cost, {}
 
     def needed(self, s: int) -> int:
-        raw = max(1, 2 ** math.ceil(math.log2(s / self.cap)))  # dcp_gpus_needed
-        want = max(self.min_cp, raw)
-        return min((d for d in self.allowed if d >= want), default=self.allowed[-1])
+        if s not in self._need:
+            raw = max(1, 2 ** math.ceil(math.log2(s / self.cap)))  # dcp_gpus_needed
+            want = max(self.min_cp, raw, self._fits_from(s))
+            self._need[s] = min((d for d in self.allowed if d >= want), default=self.allowed[-1])
+        return self._need[s]
+
+    def _fits_from(self, s: int) -> int:
+        """The smallest degree whose weakest placement holds s tokens (Ulysses, every layer
+        recomputed): the token cap is a proxy that uneven memory can break (module doc)."""
+        for d in self.allowed:
+            cap = min(self.cost.capacity(p, d) for p in self.cost.cluster.placements(d))
+            if self.cost.min_recompute(s, d, cap) >= 0 or d == self.allowed[-1]:
+                return d
+        return self.allowed[-1]
 
     def work(self, s: int) -> float:
         return s * s / self.needed(s)  # dcp_get_total_workload
@@ -202,11 +218,37 @@ def _layout(groups, n: int, cost: CostModel) -> list[tuple[int, int, list[int]]]
 
 
 def _group(cost: CostModel, g, tokens: dict, r: int, kind: str) -> Group:
+    """The group's pack as one micro-batch, at max(r, its fewest layers that fit); where it
+    fits under no recompute, its sequences in order as a chain of micro-batches that fit
+    (Megatron would run out of memory: module doc). Ulysses where cp never fits."""
     start, size, ids = g
-    total = float(sum(tokens[i] for i in ids))
     cap = cost.capacity(start, size)
-    for k in dict.fromkeys((kind, "ulysses")):  # Ulysses where cp cannot hold it (module doc)
-        need = int(cost.min_recompute(total, size, cap, kind=k))
-        if need >= 0:
-            return Group(start, size, (MicroBatch(tuple(ids), max(r, need)),), k)
-    raise InfeasibleError(f"megatron_dynamic_cp: a packed micro-batch of {total:.0f} tokens")
+    for k in dict.fromkeys((kind, "ulysses")):
+        mbs = _fitting_chain(cost, ids, tokens, size, cap, r, k)
+        if mbs is not None:
+            return Group(start, size, mbs, k)
+    raise InfeasibleError(
+        f"megatron_dynamic_cp: a sequence of {max(tokens[i] for i in ids)} tokens fits no "
+        f"micro-batch of its group (ranks {start}..{start + size - 1})"
+    )
+
+
+def _fitting_chain(cost, ids, tokens, size, cap, r, kind) -> tuple[MicroBatch, ...] | None:
+    """Micro-batches of `ids` in order, each packed while it fits at some recompute level."""
+    out, cur = [], []
+    for i in [*ids, None]:
+        trial = cur + [i] if i is not None else cur
+        total = float(sum(tokens[j] for j in trial))
+        need = int(cost.min_recompute(total, size, cap, kind=kind))
+        if i is not None and need >= 0:
+            cur = trial
+            continue
+        if cur:
+            last = int(cost.min_recompute(float(sum(tokens[j] for j in cur)), size, cap, kind=kind))
+            out.append(MicroBatch(tuple(cur), max(r, last)))
+        if i is None:
+            break
+        if int(cost.min_recompute(float(tokens[i]), size, cap, kind=kind)) < 0:
+            return None
+        cur = [i]
+    return tuple(out)

@@ -83,7 +83,7 @@ def workers(request):
 @pytest.mark.dist
 def test_grad_equiv_tiny_lm_cp_and_mixed_plans(workers):
     batch = Batch.from_lengths([13, 9, 20, 3, 6])
-    cost = lm.cost_for("1d", workers.world_size)
+    cost = lm.cost_for("1d", workers.world_size).with_(sp_kinds=("ulysses", "cp"))
     for plan in cp_plans(workers.world_size, batch, cost):
         lm.check_equivalent(workers, "1d", plan, batch)
 
@@ -93,7 +93,8 @@ def test_grad_equiv_tiny_lm_cp_and_mixed_plans(workers):
 def test_grad_equiv_hf_llama_cp_and_mixed_plans(workers, model_key):
     # gqa8: 8 query heads over 2 kv heads; cp gathers only the 2 kv heads
     batch = Batch.from_lengths(hf.LENGTHS)
-    plans = cp_plans(workers.world_size, batch, hf.cost_for(workers.world_size, batch))
+    cost = hf.cost_for(workers.world_size, batch).with_(sp_kinds=("ulysses", "cp"))
+    plans = cp_plans(workers.world_size, batch, cost)
     if model_key != "mha":
         plans = plans[1:2]  # one mixed plan is enough for the head mapping
     texts = [p.to_json() for p in plans]

@@ -12,8 +12,10 @@ from dcp_opt.cluster import cluster_preset
 from dcp_opt.model import model_preset
 from dcp_opt.workloads import STANDARD_WORKLOADS, standard_batch
 
-COSTS = {
-    "1d": CostModel(model_preset("llama3-8b"), cluster_preset("h200x32")),
+COSTS = {  # cp offered on the 1D model: megatron_dynamic_cp's groups are cp there
+    "1d": CostModel(
+        model_preset("llama3-8b"), cluster_preset("h200x32"), sp_kinds=("ulysses", "cp")
+    ),
     "2d": CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x32")),
 }
 

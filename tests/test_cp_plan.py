@@ -25,7 +25,7 @@ V1_PLAN = (
     '"planner": "greedy", "predicted_step_time_s": 0.5, "schema_version": 1}'
 )
 
-COST = CostModel(model_preset("llama3-8b"), cluster_preset("h200x8"))
+COST = CostModel(model_preset("llama3-8b"), cluster_preset("h200x8"), sp_kinds=("ulysses", "cp"))
 BATCH = Batch.from_lengths([60000, 30000, 20000, 8000])
 
 
@@ -97,7 +97,14 @@ def test_validate_reads_the_kind():
     assert validate(plan, batch, COST) == []
     codes = [v.code for v in validate(_retyped(plan, "cp"), batch, COST)]
     assert codes == ["OUT_OF_MEMORY"]
-    # cp on a 2D model
+    # cp where the cost model offers only Ulysses (its bounds hold over Ulysses plans only),
+    # and on a 2D model (never offered)
+    ulysses_only = COST.with_(sp_kinds=("ulysses",))
+    plan_u = make_plan([groups], batch, ulysses_only, planner="hand")
+    bad = validate(_retyped(plan_u, "cp"), batch, ulysses_only)
+    assert [str(v) for v in bad] == [
+        "BAD_KIND: phase 0 group 0 (ranks 0..7): kind 'cp'; allowed ['ulysses']"
+    ]
     dit = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x8"))
     vb = Batch.from_shapes([(8, 16, 16)])
     vplan = make_plan([[Group(0, 2, (MicroBatch((0,), 0),), "cp")]], vb, dit, planner="h")

@@ -160,7 +160,7 @@ CASES = {
     ),
     "BAD_KIND": (
         [[Group(0, 8, (MicroBatch((0, 1)),), "ring")]], {},
-        ["BAD_KIND: phase 0 group 0 (ranks 0..7): kind 'ring'; allowed ['ulysses', 'cp']"],
+        ["BAD_KIND: phase 0 group 0 (ranks 0..7): kind 'ring'; allowed ['ulysses']"],
     ),
     "MISALIGNED": (
         [[_g(0, 1), _g(1, 2, ((0, 1), 2)), _g(3, 1), _g(4, 4)]], {},
