@@ -112,3 +112,36 @@ def test_cp_groups_are_refused_for_a_task_that_cannot_run_them():
     check_kinds(plan, LMTask())  # runs
     with pytest.raises(ValueError, match="kind 'cp' needs a 1D task.*DiffusionTask runs only"):
         check_kinds(plan, DiffusionTask())
+
+
+# Families whose attention has a sliding window, a softcap or sinks (tests/test_hf_families.py
+# builds them, random weights): cp must honour each exactly too.
+CP_FAMILIES = ["mistral/window", "gemma2/window+softcap", "gpt_oss/window+sinks"]
+
+
+@pytest.mark.dist
+def test_grad_equiv_hf_families_with_window_softcap_sinks_under_cp(workers):
+    from tests import test_hf_families as fam
+
+    batch = Batch.from_lengths(fam.LENGTHS)
+    spec = fam.ModelSpec("tiny-hf", "1d", 2, 32, 4, 48, vocab_size=fam.VOCAB, gated_mlp=True)
+    cluster = fam.Cluster("cpu", 1, workers.world_size, 1e15, 1e12, 1e10, 1e10)
+    cost = fam.CostModel(spec, cluster, sp_kinds=("ulysses", "cp"))
+    ids = tuple(range(len(fam.LENGTHS)))
+    half = workers.world_size // 2
+    layouts = [
+        [[_g(0, workers.world_size, "cp", (ids, 1))]],
+        [[_g(0, half, "cp", (ids[:3], 0)), _g(half, half, "ulysses", (ids[3:], 1))]],
+    ]
+    plans = [make_plan(p, batch, cost, planner=f"cp{k}") for k, p in enumerate(layouts)]
+    assert all(validate(p, batch, cost) == [] for p in plans)
+    texts = [p.to_json() for p in plans]
+    results = workers.run(fam.job_matrix, CP_FAMILIES, batch.to_dict(), texts, wait_s=600)
+    for entry in CP_FAMILIES:
+        low = fam.MATRIX[entry][3]
+        for rank_result in results:
+            status, rows = rank_result[entry]
+            assert status == "ran", (entry, rows)
+            for loss_err, exact_err, rough_err in rows:
+                assert loss_err <= (fam.LOW_TOL if low == "eager" else fam.TOL), entry
+                assert exact_err <= fam.TOL and rough_err <= fam.LOW_TOL, (entry, exact_err)
