@@ -22,9 +22,11 @@ counts as killed (the mutant made the tests hang, which they caught).
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -189,10 +191,15 @@ def _pytest(where: Path, mod: Module, mutant: str, timeout_s: float = 600.0) -> 
     return proc.returncode
 
 
-def summarise(name: str, mod: Module, status: dict[str, str], equivalent: dict) -> dict:
+def summarise(mod: Module, status: dict[str, str], source: str, equivalent: list) -> dict:
+    """Counts and score; a survivor is equivalent when scripts/mutation_equivalent.json lists
+    its function and its change (the lines it alters), not its number, which shifts as soon
+    as the function changes."""
+    listed = {(e["function"], e["change"]) for e in equivalent}
     killed = sum(s in ("killed", "timeout") for s in status.values())
-    eq = sorted(n for n, s in status.items() if s == "survived" and _key(n) in equivalent)
-    survived = sorted(n for n, s in status.items() if s == "survived" and _key(n) not in equivalent)
+    survivors = sorted(n for n, s in status.items() if s == "survived")
+    changes = {n: (_function(n), mutant_change(source, n)) for n in survivors}
+    eq = [n for n in survivors if changes[n] in listed]
     other = {n: s for n, s in status.items() if s not in ("killed", "timeout", "survived")}
     counted = len(status) - len(eq)
     return {
@@ -201,16 +208,50 @@ def summarise(name: str, mod: Module, status: dict[str, str], equivalent: dict) 
         "mutants": len(status),
         "killed": killed,
         "equivalent": len(eq),
-        "survived": len(survived),
+        "survived": len(survivors) - len(eq),
         "other": other,
         "score": round(killed / counted, 4) if counted else None,
-        "survivors": [_key(n) for n in survived],
+        "survivors": [
+            {"function": changes[n][0], "change": changes[n][1], "mutant": _key(n)}
+            for n in survivors
+            if n not in eq
+        ],
     }
 
 
 def _key(name: str) -> str:
     """A mutant's name without its module path: x_<function>__mutmut_<n>."""
     return name.rsplit(".", 1)[-1]
+
+
+def _function(name: str) -> str:
+    return _key(name).split("__mutmut_")[0]
+
+
+def mutant_change(source: str, name: str) -> str:
+    """The lines a mutant alters, `-old | +new` (stripped), from mutmut's trampolined module,
+    which holds every mutant and the original (`<function>__mutmut_orig`) as functions."""
+    old, new = _body(source, _function(name) + "__mutmut_orig"), _body(source, _key(name))
+    diff = difflib.unified_diff(old, new, lineterm="", n=0)
+    lines = [
+        d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")) and d[1:].strip()
+    ]
+    return " | ".join(d[0] + d[1:].strip() for d in lines)
+
+
+def _body(source: str, name: str) -> list[str]:
+    m = re.search(rf"^( *)def {re.escape(name)}\(", source, re.M)
+    if m is None:
+        return []
+    indent, lines = len(m.group(1)), source[m.start() :].splitlines()
+    # the body starts after the signature's last line (a def may span several lines)
+    first = next(i for i, line in enumerate(lines) if line.rstrip().endswith(":")) + 1
+    out = []
+    for line in lines[first:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        out.append(line)
+    return out
 
 
 def main() -> int:
@@ -246,7 +287,8 @@ def main() -> int:
         else:
             stage(where)
             status = run_subprocess(where, mod, args.jobs, args.sample)
-        row = summarise(name, mod, status, all_equivalent.get(mod.path, {}))
+        source = (where / ("mutants" if mod.in_process else "") / mod.path).read_text()
+        row = summarise(mod, status, source, all_equivalent.get(mod.path, []))
         row["wall_s"] = round(time.perf_counter() - started, 1)
         row["sampled"] = None if mod.in_process else args.sample
         doc["modules"][name] = row

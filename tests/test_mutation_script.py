@@ -37,18 +37,47 @@ def test_equivalent_list_names_mutated_modules_with_reasons():
         if path.startswith("_"):
             continue
         assert path in paths, path
-        assert all(name.startswith("x") and "__mutmut_" in name for name in entries)
-        assert all(len(reason) > 20 for reason in entries.values())
+        for e in entries:
+            assert e["function"].startswith("x") and "__mutmut_" not in e["function"]
+            assert e["change"].startswith("-") and " | +" in e["change"]
+            assert len(e["reason"]) > 20
+
+
+SOURCE = """
+def x_f__mutmut_orig(a, b):
+    c = a + b
+    return c
+
+def x_f__mutmut_1(a, b):
+    c = a - b
+    return c
+
+def x_f__mutmut_2(
+    a, b
+):
+    c = a + b
+    return None
+"""
+
+
+def test_a_mutants_change_is_read_from_the_trampolined_source():
+    m = load()
+    assert m.mutant_change(SOURCE, "pkg.mod.x_f__mutmut_1") == "-c = a + b | +c = a - b"
+    assert m.mutant_change(SOURCE, "pkg.mod.x_f__mutmut_2") == "-return c | +return None"
 
 
 def test_score_is_killed_over_non_equivalent():
     m = load()
     status = {
-        "dcp_opt.bounds.x_f__mutmut_1": "killed",
-        "dcp_opt.bounds.x_f__mutmut_2": "timeout",
-        "dcp_opt.bounds.x_f__mutmut_3": "survived",
-        "dcp_opt.bounds.x_f__mutmut_4": "survived",
+        "pkg.mod.x_f__mutmut_1": "survived",
+        "pkg.mod.x_f__mutmut_2": "survived",
+        "pkg.mod.x_f__mutmut_3": "killed",
+        "pkg.mod.x_f__mutmut_4": "timeout",
     }
-    row = m.summarise("bounds", m.MODULES["bounds"], status, {"x_f__mutmut_4": "same"})
+    same = [{"function": "x_f", "change": "-return c | +return None", "reason": "r" * 30}]
+    row = m.summarise(m.MODULES["bounds"], status, SOURCE, same)
     assert (row["killed"], row["survived"], row["equivalent"]) == (2, 1, 1)
-    assert row["score"] == round(2 / 3, 4) and row["survivors"] == ["x_f__mutmut_3"]
+    assert row["score"] == round(2 / 3, 4)
+    assert row["survivors"] == [
+        {"function": "x_f", "change": "-c = a + b | +c = a - b", "mutant": "x_f__mutmut_1"}
+    ]
