@@ -85,7 +85,8 @@ MODULES = {
         (
             "tests/test_runtime_equiv.py",
             "-k",
-            "((planner_plans or buckets or report) and world2) or bucket_bytes or faults",
+            "((planner_plans or buckets or report or sum_gradients) and world2) or bucket_bytes "
+            "or faults",
             "tests/test_runtime_faults.py",
         ),
         in_process=False,

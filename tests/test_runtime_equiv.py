@@ -32,6 +32,7 @@ from dcp_opt.runtime import (
     execute_step,
     parallelize,
     seeded_generator,
+    sum_gradients,
 )
 from dcp_opt.runtime.testing import DistWorkers, flat_grads, max_relative_error
 from dcp_opt.solvers import available_planners, run_planner
@@ -357,3 +358,22 @@ def test_task_reference_loss_is_the_definition(kind):
             for normalizer_kind, value in (("tokens", losses.sum()), ("samples", losses.mean())):
                 got = TASKS[kind].reference_loss(model, sid, sample, step=2, kind=normalizer_kind)
                 assert float(got) == pytest.approx(float(value), rel=1e-12)
+
+
+def job_sum_extra(ctx):
+    """sum_gradients with an `extra` of a dtype no bucket has (float32 beside float64
+    parameters): it travels alone and still comes back summed; the gradients are summed too."""
+    model = make_model("1d", 3)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(ctx.rank + 1))
+    extra = torch.tensor(0.5 * (ctx.rank + 1), dtype=torch.float32)
+    out = sum_gradients(model, extra=extra, bucket_bytes=1000)
+    return float(out), out.dtype, {float(p.grad.flatten()[0]) for p in model.parameters()}
+
+
+def test_sum_gradients_returns_an_extra_of_another_dtype(workers):
+    n = workers.world_size
+    total = n * (n + 1) / 2  # ranks contribute 1, 2, ..., n
+    for value, dtype, grads in workers.run(job_sum_extra):
+        assert value == pytest.approx(0.5 * total) and dtype == torch.float32
+        assert grads == {total}
