@@ -68,6 +68,8 @@ def check_against_reference(plan, batch, cost):
         for e in sim.events
     )  # fmt: skip
     assert len(got_events) == len(want["events"])
+    kinds = {(g.start_rank, p): g.kind for p, ph in enumerate(plan.phases) for g in ph.groups}
+    assert all(e.kind == kinds[e.start_rank, e.phase] for e in sim.events)
     for got, exp in zip(got_events, sorted(want["events"]), strict=True):
         assert got[:6] == exp[:6]
         assert got[6:] == pytest.approx(exp[6:], rel=REL, abs=1e-12)
