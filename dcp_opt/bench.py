@@ -67,7 +67,7 @@ from .bench_display import ONE_BATCH_FRAMING
 from .bounds import lower_bound
 from .cluster import Cluster
 from .cost import CostModel
-from .errors import DcpOptError
+from .errors import DcpOptError, check_planner_options
 from .inputs import load_cluster
 from .model import ModelSpec, model_preset
 from .simulate import simulate
@@ -144,6 +144,7 @@ def planner_kwargs(fn: Callable, **wanted: Any) -> tuple[dict[str, Any], list[st
 
     Returns (kwargs, ignored canonical names). None values are dropped.
     """
+    check_planner_options(**{k: wanted.get(k) for k in OPTION_ALIASES})
     params = inspect.signature(fn).parameters
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     out, ignored = {}, []

@@ -53,6 +53,29 @@ def require(cond: bool, field: str, message: str) -> None:
         raise DcpOptError(f"{field}: {message}")
 
 
+def check_planner_options(
+    *, time_limit_s=None, seed=None, num_workers=None, where: str = "planner"
+) -> None:
+    """The options every searching planner takes, checked once for the API and the CLI
+    (None: not given): a finite budget > 0 s, a seed >= 0, at least one worker thread."""
+    if time_limit_s is not None:
+        require(
+            is_real(time_limit_s) and time_limit_s > 0,
+            f"{where}.time_limit_s",
+            f"must be a finite number of seconds > 0, got {time_limit_s!r}",
+        )
+    if seed is not None:
+        require(
+            is_int(seed) and seed >= 0, f"{where}.seed", f"must be an integer >= 0, got {seed!r}"
+        )
+    if num_workers is not None:
+        require(
+            is_int(num_workers) and num_workers >= 1,
+            f"{where}.num_workers",
+            f"must be an integer >= 1, got {num_workers!r}",
+        )
+
+
 def loads_json(text: str, where: str, error: type[DcpOptError] = DcpOptError):
     """json.loads whose every failure is `error("<where>: not valid JSON (<why>)")`, so each
     input (plan, profile, lengths, model and cluster files) says the same thing."""

@@ -81,6 +81,7 @@ from scipy.optimize import linprog  # noqa: F401 (HiGHS loads here, ~1.5 s once,
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
+from dcp_opt.errors import check_planner_options
 from dcp_opt.result import PlanResult
 from dcp_opt.validate import InvalidPlanError
 
@@ -180,6 +181,9 @@ def plan_cpsat(
     run outside the budget). `cpsat_params`: extra CP-SAT parameters. The garbage collector
     pauses meanwhile (solvers/common.py gc_paused: a mid-plan collection would eat the
     budget)."""
+    check_planner_options(
+        time_limit_s=time_limit_s, seed=seed, num_workers=num_workers, where="cpsat"
+    )
     clock = _Clock(time.perf_counter(), time_limit_s, deterministic)
     with gc_paused():
         return _plan(batch, cost, clock, num_workers, seed, incumbents, opts)

@@ -128,16 +128,14 @@ def test_bad_input_exits_2_with_one_line_naming_the_field(tmp_path, capsys, case
     assert named in lines[0], err
 
 
-# Accepted today although each is bad input (README: exit 2 naming the field); cli.py is not
-# this test's to fix: recorded so that the fix flips these to passing (strict xfail).
-UNCHECKED = pytest.mark.xfail(strict=True, reason="the CLI accepts it and exits 0")
+# Planner options out of range: exit 2 naming the option (dcp_opt.errors.check_planner_options,
+# also what the Python API raises).
 
 
 @pytest.mark.parametrize(
     "flag, value",
     [("--time-limit", "-1"), ("--time-limit", "nan"), ("--seed", "-1"), ("--workers", "0")],
 )
-@UNCHECKED
 def test_bad_planner_options_exit_2(tmp_path, capsys, flag, value):
     lengths = _file(tmp_path, "l.txt", "100\n200\n")
     rc = main(["plan", "--lengths", lengths, *COMMON, "--planner", "cpsat", flag, value])

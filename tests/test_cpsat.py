@@ -34,6 +34,7 @@ from dcp_opt import (
     standard_batch,
     validate,
 )
+from dcp_opt.errors import DcpOptError
 from tests import strategies as hs
 from tests.toy import toy_cost
 
@@ -346,3 +347,13 @@ def test_async_planner_bounds_its_queue_and_reports_errors():
         ap.result(0, timeout=10)
     assert ap.result(1, timeout=10).plan().num_micro_batches >= 1
     ap.close()
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("time_limit_s", -1.0), ("time_limit_s", float("nan")), ("seed", -1), ("num_workers", 0)],
+)
+def test_bad_options_are_a_clear_error(option, value):
+    cost = CostModel(model_preset("llama-1b"), cluster_preset("h200x8"))
+    with pytest.raises(DcpOptError, match=f"cpsat.{option}"):
+        run_planner("cpsat", Batch.from_lengths([1024, 2048]), cost, **{option: value})
