@@ -169,6 +169,8 @@ def recheck(where: Path, mod: Module, jobs: int) -> dict[str, str]:
     tree = where / "mutants"
     shutil.rmtree(tree / "tests")
     shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    if _pytest(tree, mod, "") != 0:  # the staged code is older than today's tests
+        raise RuntimeError(f"{mod.path}: the recheck tests fail without any mutant; rerun it")
     survivors = [n for n, c in codes.items() if c in (0, 33)]  # survived, or reached by none
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         again = list(pool.map(lambda n: _pytest(tree, mod, n), survivors))
