@@ -8,15 +8,18 @@ from dcp_opt.runtime.attention import _masked_segment_attention, segment_attenti
 @pytest.mark.parametrize("segs", [[0] * 5 + [1] * 3 + [2] * 4, [0, 0, 1, 1, 0, 0], [7]])
 @pytest.mark.parametrize("causal", [True, False])
 def test_per_segment_equals_one_masked_call(segs, causal):
-    """The per-segment path (cost sum s^2) gives the masked whole-stream result; ids that
-    repeat non-contiguously ([0,0,1,1,0,0]) take the masked path."""
+    """The per-segment path (cost sum s^2) and the masked whole-stream call each give
+    attention by its definition; ids that repeat non-contiguously ([0,0,1,1,0,0]) take the
+    masked path (so there the definition, not the other path, is what checks it)."""
     gen = torch.Generator().manual_seed(0)
     t = len(segs)
     q, k, v = (torch.randn(t, 2, 4, dtype=torch.float64, generator=gen) for _ in range(3))
     s = torch.tensor(segs)
+    want = _by_definition(q, k, v, segs, causal=causal)
     a = segment_attention(q, k, v, segments=s, causal=causal)
     b = _masked_segment_attention(q, k, v, segments=s, causal=causal)
-    assert torch.allclose(a, b, atol=1e-12)
+    assert torch.allclose(a, want, atol=1e-12)
+    assert torch.allclose(b, want, atol=1e-12)
 
 
 def test_segments_length_checked():
@@ -39,9 +42,11 @@ def test_scale_is_the_softmax_temperature(segs):
     assert not torch.allclose(a, segment_attention(q, k, v, segments=s), atol=1e-6)
 
 
-def _by_definition(q, k, v, segs, *, window=None, softcap=None, sinks=None, scale=None):
+def _by_definition(
+    q, k, v, segs, *, window=None, softcap=None, sinks=None, scale=None, causal=True
+):
     """Attention written out query by query: key j of the same sequence is visible from
-    query i iff j <= i and (no window, or p(i) - p(j) < window, p = position inside the
+    query i iff (j <= i, or any j when not causal) and (no window, or p(i) - p(j) < window, p = position inside the
     sequence: transformers.masking_utils sliding_window_overlay, `kv_idx > q_idx -
     sliding_window`, on one sequence); scores capped as
     softcap * tanh(s / softcap); a sink adds exp(sink_h) to each softmax denominator."""
@@ -53,7 +58,7 @@ def _by_definition(q, k, v, segs, *, window=None, softcap=None, sinks=None, scal
         for i in range(t):
             js = [
                 j
-                for j in range(i + 1)
+                for j in range(i + 1 if causal else t)
                 if segs[j] == segs[i] and (window is None or pos[i] - pos[j] < window)
             ]
             s = torch.stack([(q[i, h] * k[j, h]).sum() * scale for j in js])
