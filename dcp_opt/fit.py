@@ -114,7 +114,9 @@ def nonneg_relative_lsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(a, axis=0)
     norms[norms == 0] = 1.0  # an all-zero column keeps coefficient 0
     res = lsq_linear(a / norms, np.ones(len(y)), bounds=(0, np.inf), method="bvls")
-    return res.x / norms
+    # bvls can return a bound-touching value a rounding error below it (-3e-22 seen): the
+    # promise is c >= 0, and profile_io refuses a negative coefficient
+    return np.maximum(res.x, 0.0) / norms
 
 
 def holdout_mask(n: int, fraction: float = 0.25, seed: int = 0) -> np.ndarray:

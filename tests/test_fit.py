@@ -234,3 +234,18 @@ def test_recalibration_keeps_every_knob_of_its_base():
     assert fixed.grad_sync_time() == cost.grad_sync_time()
     feats = cost.features(Batch.from_lengths([4096]).sequences[0])
     assert float(fixed.time(feats, 2)) == float(cost.time(feats, 2))
+
+
+def test_nonneg_fit_never_returns_a_negative_coefficient(monkeypatch):
+    """bvls may return a bound-touching coefficient a rounding error below 0 (-2.7e-22 was
+    seen in CI on a windowed profile, which profile_io then refused): the fit promises >= 0."""
+    import types
+
+    from dcp_opt import fit as fit_module
+
+    def touching(a, b, **kw):  # the solver's answer with one coefficient at -3e-22
+        return types.SimpleNamespace(x=np.array([1.0, -3e-22]))
+
+    monkeypatch.setattr(fit_module, "lsq_linear", touching)
+    coef = fit_module.nonneg_relative_lsq(np.array([[1.0, 0.0], [2.0, 1.0]]), np.array([1.0, 2.0]))
+    assert np.all(coef >= 0) and coef[1] == 0.0
