@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from dcp_opt.errors import DcpOptError
+from dcp_opt.errors import DcpOptError, check_planner_options
 
 # name -> "module:function" inside dcp_opt.solvers
 PLANNERS: dict[str, str] = {
@@ -56,7 +56,14 @@ def get_planner(name: str) -> Callable:
 
 
 def run_planner(name: str, batch, cost, **options):
-    return get_planner(name)(batch, cost, **options)
+    """Plan with planner `name`. The options every searching planner shares (time_limit_s,
+    seed, num_workers) are checked here for all of them, so a bad value names its field
+    instead of failing inside numpy or CP-SAT."""
+    fn = get_planner(name)
+    check_planner_options(
+        **{k: options.get(k) for k in ("time_limit_s", "seed", "num_workers")}, where=name
+    )
+    return fn(batch, cost, **options)
 
 
 # Stream tools (issue 13), loaded on first use like the planners: the step former and the

@@ -387,3 +387,14 @@ def test_packed_default_is_degree_4_with_equal_token_micro_batches():
     check_plan(res, batch, cost)
     assert res.stats["degree"] == 4 and res.stats["token_target"] == 15
     assert res.predicted_step_time_s == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize("planner", ["dcp_inter", "greedy", "bucket"])
+def test_shared_planner_options_are_checked_for_every_planner(planner):
+    """A negative seed reached numpy's generator inside the published emulations (ValueError
+    without a field name); run_planner checks the shared options once for every planner."""
+    from dcp_opt.errors import DcpOptError
+
+    cost = CostModel(model_preset("llama-1b"), cluster_preset("h200x8"))
+    with pytest.raises(DcpOptError, match=f"{planner}.seed"):
+        run_planner(planner, Batch.from_lengths([1024, 2048]), cost, seed=-1)
