@@ -2,10 +2,10 @@
 
     python benchmarks/bench_fidelity.py [--world 2] [--batches 4] [--json]
 
-1. Profile the runtime's TinyLM block on this CPU (dcp_opt.runtime.profiler; points cached),
+1. Profile the runtime's TinyLM block on this CPU (dcp_opt.runtime.profile.measure; points cached),
    measure the gloo all-to-all and the gradient all-reduce of the world, then calibrate the
    profile with a short real run of the executor on synthetic micro-batches
-   (runtime.profiler.calibrate_runtime; `--no-calibrate` skips it).
+   (runtime.profile.measure.calibrate_runtime; `--no-calibrate` skips it).
 2. For seeded variable-length batches and several planners, plan with the fitted CostModel
    and predict each plan's step time with simulate().
 3. Execute every plan with the runtime's executor (world 2 or 4, gloo, one thread per rank):
@@ -76,8 +76,8 @@ def lm_cfg(args) -> dict:
 def get_profile(args, log):
     """Load the profile, or measure it (1 thread, cached points) and save it."""
     from dcp_opt.runtime.models import LMConfig
-    from dcp_opt.runtime.profile_blocks import lm_target
-    from dcp_opt.runtime.profiler import ProfileConfig, profile_model
+    from dcp_opt.runtime.profile.blocks import lm_target
+    from dcp_opt.runtime.profile.measure import ProfileConfig, profile_model
 
     target = lm_target(LMConfig(**lm_cfg(args)))
     path = Path(args.profile)
@@ -208,7 +208,7 @@ def measured_steps(runs, steps: int) -> dict[str, list[float]]:
 
 
 def run(args, log) -> dict:
-    from dcp_opt.runtime import fidelity as F
+    from dcp_opt.runtime.profile import fidelity as F
     from dcp_opt.runtime.testing import DistWorkers
 
     prof, prof_s = get_profile(args, log)
@@ -240,7 +240,7 @@ def run(args, log) -> dict:
 
 def calibrate(args, prof, workers, F, log):
     """The profile with a runtime calibration measured now, in these workers (saved)."""
-    from dcp_opt.runtime.profiler import calibrate_runtime
+    from dcp_opt.runtime.profile.measure import calibrate_runtime
 
     t0 = time.perf_counter()
     prof = calibrate_runtime(prof, F.worker_run_plan(workers), world=args.world)

@@ -56,7 +56,7 @@ def spec(dtype: str | None) -> ModelSpec:
 
 def cost_for(world: int, mode: str, dtype: str | None, profile: str | None = None) -> CostModel:
     cluster = Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10)
-    if profile:  # measured activation coefficients (saved-tensor bytes, runtime/profiler.py)
+    if profile:  # measured activation coefficients (saved-tensor bytes, runtime/profile/measure.py)
         from dcp_opt.profile_io import cost_model_from_profile
 
         return cost_model_from_profile(profile, spec(dtype), cluster, optimizer_sharding=mode)

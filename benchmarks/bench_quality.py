@@ -5,7 +5,7 @@
 
 Every standard workload (dcp_opt.workloads) on h200x32 with the models of `dcp-opt bench`
 (2D: opensora-stdit3-xl, 1D: llama-7b), seeded batches 0..batches-1 drawn exactly as
-`dcp-opt bench` draws them (dcp_opt.bench.run_bench runs every planner, validates and
+`dcp-opt bench` draws them (dcp_opt.analysis.bench.run_bench runs every planner, validates and
 simulates each plan, and takes the tightest bound), so the figures match `dcp-opt bench
 --batches 20`. Per workload, with the targets of issue 3 (PASS / FAIL):
   bound ratio     median of cpsat step time / tightest bound    <= 1.10 (2D), <= 1.15 (1D)
@@ -35,7 +35,7 @@ import time
 from dcp_opt.solvers import BASELINES, run_planner
 
 from dcp_opt import CostModel, cluster_preset, model_preset, standard_batch
-from dcp_opt.bench import BenchConfig, run_bench
+from dcp_opt.analysis.bench import BenchConfig, run_bench
 from dcp_opt.workloads import STANDARD_WORKLOADS, Workload
 
 CLUSTER = "h200x32"

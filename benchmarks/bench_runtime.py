@@ -10,7 +10,7 @@ Each (batch, planner): one warm-up step, then `--repeats` timed steps; a step's 
 slowest rank's (the step ends when the last rank's gradients are summed); the median is kept.
 Predictions come from a crude FLOP-derived CPU cost model (runtime/launch.py), so compare
 ratios (bucket / greedy) rather than absolute seconds; with `--profile` (a profile of this
-TinyLM config measured by `dcp-opt profile` / runtime/profiler.py, saved with
+TinyLM config measured by `dcp-opt profile` / runtime/profile/measure.py, saved with
 dcp_opt.profile_io) the coefficients are the fitted ones instead (same memory limit).
 """
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cost_sensitivity.py [--batches 3] [--json out/sensitivity.json]
 
-Runs `dcp_opt.bench.run_bench` once per perturbation, with bucket, static_tuned,
+Runs `dcp_opt.analysis.bench.run_bench` once per perturbation, with bucket, static_tuned,
 dcp_inter_pac and greedy, and prints the median speedups per workload: dcp_inter_pac over
 bucket ("pac/b"), greedy over bucket ("g/b") and greedy over static_tuned ("g/s").
 """
@@ -17,7 +17,7 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from dcp_opt.bench import BenchConfig, run_bench
+from dcp_opt.analysis.bench import BenchConfig, run_bench
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import CostModel, Efficiency, flops_coefficients
 from dcp_opt.model import ModelSpec

@@ -3,7 +3,7 @@ stream benchmark (docs/baselines.md, "Deviations").
 
     .venv/bin/python benchmarks/stream_deviations.py [--batches 128] [--json OUT]
 
-For each 2D workload on h200x32, runs each published method as published (dcp_opt.stream:
+For each 2D workload on h200x32, runs each published method as published (dcp_opt.analysis.stream:
 cap 0.7, drop_last, PAC min 15, inter's biased sp-size draw) and then with one setting
 changed at a time, and prints tokens/s, the dropped share and the median tokens per step.
 """
@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
+from dcp_opt.analysis.stream import MILLION, run_published, stream_epoch
 from dcp_opt.cost import CostModel
 from dcp_opt.inputs import load_cluster
 from dcp_opt.model import model_preset
-from dcp_opt.stream import MILLION, run_published, stream_epoch
 
 WORKLOADS = ("2d-short", "2d-balanced", "2d-long")
 # name -> (methods it applies to, run_published keyword changes)

@@ -6,7 +6,7 @@ source (docs/baselines.md, "Paper fidelity").
 
 For each cluster (h200x8: the README figure, per workload; h200x32: the paper's table, ranges)
 and each cost-model variant, runs bucket, dcp_intra, dcp_inter and dcp_inter_pac as published
-(dcp_opt.stream.run_published: cap 0.7, PAC min 15, drop_last) over one epoch of each 2D
+(dcp_opt.analysis.stream.run_published: cap 0.7, PAC min 15, drop_last) over one epoch of each 2D
 workload and prints tokens/s over published bucket next to the paper's ratio. Variants:
 
 - before: the preset cost model;
@@ -36,11 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dcp_opt.analysis.stream import MILLION, PAPER_RATIOS, run_published, stream_epoch
 from dcp_opt.cost import CostModel
 from dcp_opt.inputs import load_cluster
 from dcp_opt.model import model_preset
 from dcp_opt.perturb import perturb
-from dcp_opt.stream import MILLION, PAPER_RATIOS, run_published, stream_epoch
 
 WORKLOADS = ("2d-short", "2d-balanced", "2d-long", "2d-videosys")
 METHODS = ("bucket", "dcp_intra", "dcp_inter", "dcp_inter_pac")

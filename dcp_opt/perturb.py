@@ -23,7 +23,7 @@ What the profiler fits today: the block coefficients (attention quad term and th
 terms, so `attn_half_len` and `attn_scale` appear as fitted quad/lin), the per-micro-batch
 overhead and the step's gradient sync (runtime calibration, dcp_opt/profile_io.py), and the
 all-to-all bandwidth and latency per group size. The runtime calibration
-(`dcp-opt profile --calibrate-world N`, runtime/profile_fit.py) also fits
+(`dcp-opt profile --calibrate-world N`, runtime/profile/fit.py) also fits
 `sp_compute_overhead` per degree jointly with the in-situ all-to-all, `replicated_seq_s`
 (per layer, from calibration micro-batches of several sample counts at several degrees) and
 `step_overhead_s` (the step beyond the executor's gradient sum), and

@@ -89,7 +89,7 @@ class RuntimeCalibration:
 
     - `sp_compute_overhead` ((degree, x), ...): at degree d > 1 a layer's time is (1 + x) times
       its FLOP share; fitted jointly with the all-to-all from the degree > 1 samples
-      (runtime/profile_fit.py: the all-to-all bytes are the cost model's, so the rest of the
+      (runtime/profile/fit.py: the all-to-all bytes are the cost model's, so the rest of the
       time separates by its shape over the micro-batches).
     - `replicated_seq_s_per_layer`: per-sample seconds of one layer's forward + backward that
       every member of a group repeats (CostModel.replicated_seq_s / num_layers: stored per

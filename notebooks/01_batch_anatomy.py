@@ -39,9 +39,9 @@ from dcp_opt.solvers import available_planners, get_planner
 from IPython.display import Markdown, display
 
 from dcp_opt import CostModel, cluster_preset, model_preset, simulate, standard_batch, validate
-from dcp_opt.bench import planner_kwargs
-from dcp_opt.gantt import plot_plan
-from dcp_opt.whatif_display import markdown_table
+from dcp_opt.analysis.bench import planner_kwargs
+from dcp_opt.analysis.gantt import plot_plan
+from dcp_opt.analysis.whatif_display import markdown_table
 
 SMALL = os.environ.get("DCP_OPT_NB_SMALL") == "1"
 CLUSTER, MODEL, WORKLOAD, SEED = "h200x32", "opensora-stdit3-xl", "2d-balanced", 0

@@ -25,11 +25,11 @@
 #
 # Every figure below names its **framing**:
 #
-# - **stream** (`dcp-opt bench --stream`, dcp_opt.stream): one epoch per workload; the
+# - **stream** (`dcp-opt bench --stream`, dcp_opt.analysis.stream): one epoch per workload; the
 #   published methods run as published (their sampler forms its own optimizer steps, memory
 #   cap 0.7, PAC's minimum accumulation 15, drop_last); the project's planners run at a fixed
 #   number of tokens per step, nothing dropped. This is the framing to compare methods in.
-# - **one batch** (`dcp-opt bench`, dcp_opt.bench): one fixed 2M-token batch per step for
+# - **one batch** (`dcp-opt bench`, dcp_opt.analysis.bench): one fixed 2M-token batch per step for
 #   every method; the published methods are then "the published profile forced into a fixed
 #   batch" (cap 0.9, no drop, PAC min 2, one step per batch). It flatters the project's
 #   planners: the published sampler forms no step at all from such a batch.
@@ -42,9 +42,9 @@ import os
 
 from IPython.display import Markdown, display
 
-from dcp_opt.bench import BenchConfig, run_bench
-from dcp_opt.stream import PAPER_RATIOS, StreamConfig, run_stream
-from dcp_opt.whatif_display import markdown_table
+from dcp_opt.analysis.bench import BenchConfig, run_bench
+from dcp_opt.analysis.stream import PAPER_RATIOS, StreamConfig, run_stream
+from dcp_opt.analysis.whatif_display import markdown_table
 
 SMALL = os.environ.get("DCP_OPT_NB_SMALL") == "1"
 EPOCH_BATCHES = 8 if SMALL else 128  # x 2M tokens per workload (`--stream` default: 250)

@@ -38,9 +38,9 @@ import os
 from IPython.display import display
 from rich.console import Console
 
+from dcp_opt.analysis.whatif import WhatIfConfig, run_whatif
+from dcp_opt.analysis.whatif_display import plot_whatif, recommendation, render_tables
 from dcp_opt.histogram import LengthDistribution
-from dcp_opt.whatif import WhatIfConfig, run_whatif
-from dcp_opt.whatif_display import plot_whatif, recommendation, render_tables
 
 # %%
 HISTOGRAM = """

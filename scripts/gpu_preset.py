@@ -6,7 +6,7 @@
 Two models, each measured one layer deep and extrapolated to its full depth:
 
 - llama-7b: one Llama-2-7B decoder layer (hidden 4096, 32 heads, SwiGLU 11008, vocab 32000)
-  through transformers' own LlamaDecoderLayer (runtime/profile_hf.py), packed sequences with
+  through transformers' own LlamaDecoderLayer (runtime/profile/hf.py), packed sequences with
   per-sequence positions, runtime/hf.py's attention at SP degree 1 (one PyTorch SDPA call per
   sequence: the flash kernel at bf16), plus the embedding + LM head + loss; 32 layers.
 - stdit3-xl: one STDiT3-XL-like layer, runtime/models.py's DiTBlock scaled to Open-Sora 1.2
@@ -15,7 +15,7 @@ Two models, each measured one layer deep and extrapolated to its full depth:
   modulation, q/k RMSNorm, temporal RoPE), so it slightly underestimates their time.
 
 Both at bf16 over a grid of lengths / video shapes, recompute off and on, timed with CUDA
-events, memory by saved-tensor bytes and the allocator peak (runtime/profiler.py). Writes,
+events, memory by saved-tensor bytes and the allocator peak (runtime/profile/measure.py). Writes,
 per model, `<prefix>_<model>.profile.json` (the preset, loadable by
 dcp_opt.profile_io.cost_model_from_profile with dcp_opt's model preset of the same name;
 device name and date inside) and `<prefix>_<model>.points.json` (every measured point), and
@@ -88,7 +88,7 @@ SMOKE_LLAMA = dict(
 
 
 def grid(key: str, smoke: bool):
-    from dcp_opt.runtime.profiler import Grid
+    from dcp_opt.runtime.profile.measure import Grid
 
     if smoke:
         return Grid(
@@ -110,8 +110,8 @@ def grid(key: str, smoke: bool):
 def build(key: str, *, smoke: bool, dtype, device):
     """ProfileTarget of `key` at full size, or its tiny stand-in with `smoke`."""
     from dcp_opt.runtime.models import DiTConfig
-    from dcp_opt.runtime.profile_blocks import ProfileTarget, dit_target
-    from dcp_opt.runtime.profile_hf import hf_target, load_hf_config
+    from dcp_opt.runtime.profile.blocks import ProfileTarget, dit_target
+    from dcp_opt.runtime.profile.hf import hf_target, load_hf_config
 
     from dcp_opt import model_preset
 
@@ -136,7 +136,7 @@ def build(key: str, *, smoke: bool, dtype, device):
 
 
 def device_dit_block(block, device):
-    """runtime/profile_blocks.py's DiT adapter, with two changes for real sizes. Inputs are
+    """runtime/profile/blocks.py's DiT adapter, with two changes for real sizes. Inputs are
     drawn on the target device: the CPU draw (~10 ns per element) of a 57600 x 1152 video
     takes longer than the block runs on a GPU, and the profiler draws inputs for every run.
     The caption is held by the block, not passed as an argument: in the model it is shared
@@ -144,7 +144,7 @@ def device_dit_block(block, device):
     keeps its tensor arguments, and 300 x 1152 caption values per call would swamp the
     checkpoint bytes of a small video)."""
     import torch
-    from dcp_opt.runtime.profile_blocks import DiTBlockAdapter
+    from dcp_opt.runtime.profile.blocks import DiTBlockAdapter
 
     class DeviceDiTBlock(DiTBlockAdapter):
         def make_inputs(self, shapes, *, dtype, device) -> list[tuple]:
@@ -174,7 +174,7 @@ def prefix_for(device_name: str, smoke: bool) -> str:
 
 
 def profile_config(smoke: bool):
-    from dcp_opt.runtime.profiler import ProfileConfig
+    from dcp_opt.runtime.profile.measure import ProfileConfig
 
     if smoke:
         return ProfileConfig(warmup=0, repeats=1, passes=1, min_time_s=0.0, num_threads=1)
@@ -184,7 +184,7 @@ def profile_config(smoke: bool):
 
 
 def run_job(key: str, args, *, clock, dtype, out_dir: Path, prefix: str) -> dict:
-    from dcp_opt.runtime.profiler import profile_model
+    from dcp_opt.runtime.profile.measure import profile_model
 
     from dcp_opt.profile_io import layer_fingerprint, save_profile
 
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     how = import_dcp_opt()
     import torch
-    from dcp_opt.runtime.profiler import CpuClock, CudaClock
+    from dcp_opt.runtime.profile.measure import CpuClock, CudaClock
 
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_preset: no CUDA device; run with --smoke on a CPU", file=sys.stderr)

@@ -21,7 +21,7 @@ from dcp_opt import (
     simulate,
     validate,
 )
-from dcp_opt.bench import BENCH_SCHEMA, BenchConfig, planner_kwargs, run_bench
+from dcp_opt.analysis.bench import BENCH_SCHEMA, BenchConfig, planner_kwargs, run_bench
 from dcp_opt.cli import main
 from tests import stub_planners
 
@@ -610,9 +610,9 @@ def test_unknown_preset_mentions_json_files(tmp_path, capsys, flag):
 
 
 def test_whatif_with_a_profile_is_run_whatif_with_its_cost(tmp_path, capsys):
+    from dcp_opt.analysis.whatif import WhatIfConfig, run_whatif
     from dcp_opt.histogram import LengthDistribution
     from dcp_opt.profile_io import cost_model_from_profile
-    from dcp_opt.whatif import WhatIfConfig, run_whatif
 
     prof = _profile_file(tmp_path)
     lengths = _lengths(tmp_path, "128\n4096\n4096\n30000\n")

@@ -11,8 +11,8 @@ from matplotlib.collections import PatchCollection
 from matplotlib.colors import to_rgba
 
 from dcp_opt import Batch, Group, MicroBatch, make_plan
+from dcp_opt.analysis.gantt import COLORS, plot_plan
 from dcp_opt.cli import main
-from dcp_opt.gantt import COLORS, plot_plan
 from tests.toy import toy_cost
 
 
@@ -82,7 +82,7 @@ def test_show_cli_writes_a_png(tmp_path, capsys):
 
 def test_matplotlib_is_imported_lazily():
     code = (
-        "import sys, dcp_opt, dcp_opt.cli, dcp_opt.gantt, dcp_opt.bench, dcp_opt.bench_display; "
+        "import sys, dcp_opt, dcp_opt.cli, dcp_opt.analysis.gantt, dcp_opt.analysis.bench, dcp_opt.analysis.bench_display; "
         "print('matplotlib' in sys.modules, 'rich' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,4 @@
-"""Profiling a Hugging Face causal LM (runtime/profile_hf.py): the layer adapter computes what
+"""Profiling a Hugging Face causal LM (runtime/profile/hf.py): the layer adapter computes what
 the model computes, the spec is the config's, a tiny profile drives a CostModel, and bad model
 references fail with the allowed forms. CPU, tiny sizes, nothing downloaded."""
 
@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dcp_opt.runtime import profiler as P  # noqa: E402
 from dcp_opt.runtime.hf import tiny_llama  # noqa: E402
-from dcp_opt.runtime.profile_hf import (  # noqa: E402
+from dcp_opt.runtime.profile import measure as P  # noqa: E402
+from dcp_opt.runtime.profile.hf import (  # noqa: E402
     ALLOWED_FORMS,
     hf_target,
     load_hf_config,

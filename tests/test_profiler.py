@@ -1,4 +1,4 @@
-"""The torch profiler (dcp_opt.runtime.profiler): measurement, memory accounting, caching,
+"""The torch profiler (dcp_opt.runtime.profile.measure): measurement, memory accounting, caching,
 the CUDA path (with fake torch.cuda functions: no GPU here), and end to end to a CostModel."""
 
 import contextlib
@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from dcp_opt.runtime import profiler as P
-from dcp_opt.runtime.profile_blocks import ProfileTarget
+from dcp_opt.runtime.profile import measure as P
+from dcp_opt.runtime.profile.blocks import ProfileTarget
 from torch import nn
 
 from dcp_opt import Batch, ModelSpec, cluster_preset
@@ -252,7 +252,7 @@ def test_cuda_clock_path_with_fake_cuda(monkeypatch):
 
 def test_runtime_model_adapters_measure():
     from dcp_opt.runtime.models import DiTConfig, LMConfig
-    from dcp_opt.runtime.profile_blocks import dit_target, lm_target
+    from dcp_opt.runtime.profile.blocks import dit_target, lm_target
 
     lm = lm_target(LMConfig())
     p = P.measure_block(
@@ -315,7 +315,7 @@ def test_cli_refuses_to_overwrite_before_measuring(tmp_path, capsys):
 
 def test_cli_profiles_writes_and_loads(tmp_path, capsys):
     from dcp_opt.runtime.models import LMConfig
-    from dcp_opt.runtime.profile_blocks import lm_spec
+    from dcp_opt.runtime.profile.blocks import lm_spec
 
     from dcp_opt.cli import main
     from dcp_opt.profile_io import load_profile
@@ -572,9 +572,9 @@ def test_calibration_samples_take_leaders_and_the_slowest_rank():
 
 def test_calibrate_tiny_lm_end_to_end_with_two_ranks():
     """A real executor run (2 gloo processes): the calibration is measured and usable."""
-    from dcp_opt.runtime.fidelity import calibrate_tiny_lm
     from dcp_opt.runtime.models import LMConfig
-    from dcp_opt.runtime.profile_blocks import lm_target
+    from dcp_opt.runtime.profile.blocks import lm_target
+    from dcp_opt.runtime.profile.fidelity import calibrate_tiny_lm
 
     cfg = dict(vocab_size=32, hidden=16, num_heads=2, num_layers=2, ffn_hidden=32)
     target = lm_target(LMConfig(**cfg))

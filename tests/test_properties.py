@@ -31,7 +31,7 @@ from dcp_opt import (
     simulate,
     validate,
 )
-from dcp_opt.bench import json_default
+from dcp_opt.analysis.bench import json_default
 from dcp_opt.result import STATUSES
 from tests import strategies as hs
 from tests.brute_force import brute_force

@@ -1,4 +1,4 @@
-"""The stream benchmark (dcp_opt.stream) and the published samplers over an epoch
+"""The stream benchmark (dcp_opt.analysis.stream) and the published samplers over an epoch
 (solvers/videosys_stream.py): accounting, published settings, JSON keys, the CLI."""
 
 from __future__ import annotations
@@ -9,12 +9,7 @@ from collections import Counter
 import pytest
 from dcp_opt.solvers.videosys_stream import MIN_GAS, PUBLISHED_METHODS, published_epoch
 
-from dcp_opt.cli import main
-from dcp_opt.cost import CostModel
-from dcp_opt.errors import DcpOptError
-from dcp_opt.inputs import load_cluster
-from dcp_opt.model import model_preset
-from dcp_opt.stream import (
+from dcp_opt.analysis.stream import (
     DEFAULT_MODELS,
     MILLION,
     QUICK,
@@ -27,6 +22,11 @@ from dcp_opt.stream import (
     run_stream,
     stream_epoch,
 )
+from dcp_opt.cli import main
+from dcp_opt.cost import CostModel
+from dcp_opt.errors import DcpOptError
+from dcp_opt.inputs import load_cluster
+from dcp_opt.model import model_preset
 
 CLUSTER = load_cluster("h200x32")
 COSTS = {k: CostModel(model_preset(m), CLUSTER) for k, m in DEFAULT_MODELS.items()}

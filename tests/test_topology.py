@@ -358,7 +358,7 @@ def test_simulate_prices_each_group_where_it_sits():
 
 
 def test_gantt_draws_the_fabric_domains():
-    from dcp_opt.gantt import plot_plan
+    from dcp_opt.analysis.gantt import plot_plan
     from dcp_opt.topology.presets import fat_tree
 
     c = Cluster("ft", 4, 8, 80 * GB, 989e12, 450 * GB, 50 * GB, topology=fat_tree(2, 2, 2.0))

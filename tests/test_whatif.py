@@ -11,10 +11,7 @@ import numpy as np
 import pytest
 
 from dcp_opt import Batch, Group, MicroBatch, cluster_preset, make_plan, simulate, solvers
-from dcp_opt.cli import main
-from dcp_opt.errors import DcpOptError
-from dcp_opt.histogram import LengthDistribution
-from dcp_opt.whatif import (
+from dcp_opt.analysis.whatif import (
     Outcome,
     WhatIfConfig,
     degree_rows,
@@ -22,6 +19,9 @@ from dcp_opt.whatif import (
     scaled_cluster,
     spread,
 )
+from dcp_opt.cli import main
+from dcp_opt.errors import DcpOptError
+from dcp_opt.histogram import LengthDistribution
 from tests import stub_planners
 from tests.toy import toy_cost
 
@@ -284,7 +284,7 @@ def test_cli_missing_file(tmp_path, capsys):
 
 def test_whatif_imports_neither_matplotlib_nor_rich():
     code = (
-        "import sys, dcp_opt.whatif, dcp_opt.whatif_display, dcp_opt.histogram; "
+        "import sys, dcp_opt.analysis.whatif, dcp_opt.analysis.whatif_display, dcp_opt.histogram; "
         "print([m for m in ('matplotlib', 'rich', 'torch') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -292,7 +292,7 @@ def test_whatif_imports_neither_matplotlib_nor_rich():
 
 
 def test_recommendation_lists_errors_when_no_planner_succeeds():
-    from dcp_opt.whatif_display import recommendation
+    from dcp_opt.analysis.whatif_display import recommendation
 
     doc = {
         "best_planner": None,

@@ -6,7 +6,7 @@ is "the published profile forced into a fixed batch", not the published method: 
 memory cap (0.9, published 0.7), drop_last (off, published on), PAC's minimum accumulation (2,
 published 15) and the step formation (the published sampler forms its own steps over an
 epoch, and none at all from one 2M-token batch). Their published form, and the project's
-planners at matched tokens per step, are in dcp_opt.stream (`dcp-opt bench --stream`);
+planners at matched tokens per step, are in dcp_opt.analysis.stream (`dcp-opt bench --stream`);
 docs/baselines.md lists every deviation and its measured effect.
 
 For each workload (REFERENCE.md sec. 4; 2D workloads use `opensora-stdit3-xl`, 1D ones
@@ -62,17 +62,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .batch import Batch
+from ..batch import Batch
+from ..bounds import lower_bound
+from ..cluster import Cluster
+from ..cost import CostModel
+from ..errors import DcpOptError, check_planner_options
+from ..inputs import load_cluster
+from ..model import ModelSpec, model_preset
+from ..simulate import simulate
+from ..validate import validate
+from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, Workload, standard_batch
 from .bench_display import ONE_BATCH_FRAMING
-from .bounds import lower_bound
-from .cluster import Cluster
-from .cost import CostModel
-from .errors import DcpOptError, check_planner_options
-from .inputs import load_cluster
-from .model import ModelSpec, model_preset
-from .simulate import simulate
-from .validate import validate
-from .workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, Workload, standard_batch
 
 BENCH_SCHEMA = "dcp-opt-bench/1"
 DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}

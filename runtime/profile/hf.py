@@ -1,9 +1,9 @@
 """Profile a Hugging Face causal LM: one decoder layer and the LM head behind the profiler's
-protocols (runtime/profile_blocks.py), with the ModelSpec of the full model from its config.
+protocols (runtime/profile/blocks.py), with the ModelSpec of the full model from its config.
 
     target = hf_target("llama-7b", dtype=torch.bfloat16, device="cuda")   # built-in config
     target = hf_target(model)                 # a loaded transformers PreTrainedModel
-    profile = runtime.profiler.profile_model(target, clock=CudaClock(), dtype=torch.bfloat16)
+    profile = runtime.profile.measure.profile_model(target, clock=CudaClock(), dtype=torch.bfloat16)
 
 What runs is what the runtime runs (runtime/hf.py): a packed row [1, T] whose `position_ids`
 restart at every sequence, through transformers' own decoder layer, with runtime.hf's
@@ -17,7 +17,7 @@ fit uses that feature (dcp_opt.cost.windowed_quad).
 A config is built offline and never downloaded: a built-in name, a directory holding
 config.json, a config.json file, or a hub id already in the local cache. Only one decoder
 layer (plus embedding and LM head) is instantiated; the spec carries the full depth, which
-the CostModel multiplies in (runtime/profiler.py: the extrapolation).
+the CostModel multiplies in (runtime/profile/measure.py: the extrapolation).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from dcp_opt.errors import DcpOptError
 from dcp_opt.hf_spec import attention_windows, spec_from_hf_config
 from dcp_opt.model import ModelSpec
 
-from .hf import ATTN_NAME, decoder_layers, parallelize_hf
-from .parallelize import SPState
-from .profile_blocks import LMHeadAdapter, ProfileTarget, Shapes
+from ..hf import ATTN_NAME, decoder_layers, parallelize_hf
+from ..parallelize import SPState
+from .blocks import LMHeadAdapter, ProfileTarget, Shapes
 
 # Offline configs (no hub access needed). Llama 2 7B: 32 layers, hidden 4096, 32 heads,
 # SwiGLU 11008, vocab 32000 (Touvron et al. 2023, table 1), as dcp_opt's "llama-7b" preset.

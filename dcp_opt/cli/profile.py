@@ -4,7 +4,7 @@
                     [--calibrate-world 2]
     dcp-opt profile --model hf:llama-7b --dtype bfloat16 -o llama-7b.profile.json
 
-`--model hf:<name-or-path>` profiles a Hugging Face causal LM (runtime/profile_hf.py): a
+`--model hf:<name-or-path>` profiles a Hugging Face causal LM (runtime/profile/hf.py): a
 built-in config, a directory with config.json, a config.json file, or a hub id already in the
 local cache; nothing is downloaded.
 
@@ -23,7 +23,7 @@ import json
 import warnings
 from pathlib import Path
 
-from .errors import DcpOptError
+from ..errors import DcpOptError
 
 TARGETS = ("tiny-lm", "tiny-dit")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -74,7 +74,7 @@ def _check_output(args: argparse.Namespace) -> Path:
 
 
 def _hf_ref(value: str) -> str:
-    from dcp_opt.runtime.profile_hf import ALLOWED_FORMS
+    from dcp_opt.runtime.profile.hf import ALLOWED_FORMS
 
     ref = value[3:] if value.startswith("hf:") else ""
     if not ref:
@@ -86,13 +86,13 @@ def _target(args: argparse.Namespace, device: str):
     import torch
 
     if args.model is not None:
-        from dcp_opt.runtime.profile_hf import hf_target
+        from dcp_opt.runtime.profile.hf import hf_target
 
         dtype = getattr(torch, args.dtype)
         ref = _hf_ref(args.model)
         return hf_target(ref, dtype=dtype, device=device), dtype
     from dcp_opt.runtime.models import DiTConfig, LMConfig
-    from dcp_opt.runtime.profile_blocks import dit_target, lm_target
+    from dcp_opt.runtime.profile.blocks import dit_target, lm_target
 
     for field in ("layers", "hidden", "heads", "ffn"):
         if getattr(args, field) < 1:
@@ -109,7 +109,7 @@ def _target(args: argparse.Namespace, device: str):
 
 
 def _config(args: argparse.Namespace):
-    from dcp_opt.runtime.profiler import Grid, ProfileConfig
+    from dcp_opt.runtime.profile.measure import Grid, ProfileConfig
 
     if args.threads < 1:
         raise DcpOptError(f"--threads: must be >= 1, got {args.threads}")
@@ -141,7 +141,7 @@ def _check_calibration(args: argparse.Namespace, device: str) -> None:
 
 
 def _calibrate(args: argparse.Namespace, prof):
-    from dcp_opt.runtime.fidelity import calibrate_tiny_lm
+    from dcp_opt.runtime.profile.fidelity import calibrate_tiny_lm
 
     cfg = dict(
         vocab_size=512,
@@ -158,7 +158,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
     from dcp_opt.profile_io import save_profile
-    from dcp_opt.runtime.profiler import CpuClock, CudaClock, profile_model
+    from dcp_opt.runtime.profile.measure import CpuClock, CudaClock, profile_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
@@ -173,7 +173,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else (args.cache or str(out) + ".points.json")
     a2a = ()
     if args.a2a_world:
-        from dcp_opt.runtime.profile_fit import measure_a2a_local
+        from dcp_opt.runtime.profile.fit import measure_a2a_local
 
         a2a = measure_a2a_local(args.a2a_world)
     with warnings.catch_warnings(record=True) as caught:

@@ -15,11 +15,11 @@ import torch.distributed as dist
 from dcp_opt.batch import Batch
 from dcp_opt.plan import Plan
 
-from .executor import execute_step
-from .models import LMConfig, TinyLM
-from .parallelize import SPState, parallelize
-from .profile_fit import measure_all_to_all
-from .tasks import LMTask
+from ..executor import execute_step
+from ..models import LMConfig, TinyLM
+from ..parallelize import SPState, parallelize
+from ..tasks import LMTask
+from .fit import measure_all_to_all
 
 _STATE: dict = {}
 
@@ -113,7 +113,7 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
 
 
 def worker_run_plan(workers):
-    """`run_plan(plan, batch, steps, warmup)` for runtime.profiler.calibrate_runtime: executes
+    """`run_plan(plan, batch, steps, warmup)` for runtime.profile.measure.calibrate_runtime: executes
     on every rank of a DistWorkers pool whose model was built by `setup_lm`."""
 
     def run(plan, batch, steps, warmup):
@@ -126,8 +126,8 @@ def calibrate_tiny_lm(profile, cfg: dict, world: int):
     """`profile` (of runtime.models.TinyLM(LMConfig(**cfg))) with a runtime calibration
     measured in `world` local gloo processes (one thread each): the hook for
     `dcp-opt profile --calibrate-world N`."""
-    from .profiler import calibrate_runtime
-    from .testing import DistWorkers
+    from ..testing import DistWorkers
+    from .measure import calibrate_runtime
 
     workers = DistWorkers(world, timeout_s=300)
     try:

@@ -1,4 +1,4 @@
-"""Clocks and memory meters of the profiler (runtime/profiler.py).
+"""Clocks and memory meters of the profiler (runtime/profile/measure.py).
 
 CPU: `CpuClock` (thread CPU time by default, or wall time). CUDA: `CudaClock` (event pairs,
 allocator peak). `SavedBytes` counts the bytes autograd saves for backward (docs/profiler.md).

@@ -45,17 +45,17 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .batch import Batch, Sequence
+from ..batch import Batch, Sequence
+from ..bounds import lower_bound
+from ..cluster import GB, Cluster, cluster_preset
+from ..cost import SHARDING_MODES, CostModel
+from ..errors import DcpOptError
+from ..histogram import LengthDistribution
+from ..model import model_preset
+from ..simulate import SimResult, simulate
+from ..validate import validate
+from ..workloads import DEFAULT_TOKENS_PER_GPU
 from .bench import DEFAULT_MODELS, planner_kwargs
-from .bounds import lower_bound
-from .cluster import GB, Cluster, cluster_preset
-from .cost import SHARDING_MODES, CostModel
-from .errors import DcpOptError
-from .histogram import LengthDistribution
-from .model import model_preset
-from .simulate import SimResult, simulate
-from .validate import validate
-from .workloads import DEFAULT_TOKENS_PER_GPU
 
 WHATIF_SCHEMA = "dcp-opt-whatif/1"
 REFERENCE = "bucket"

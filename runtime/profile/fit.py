@@ -24,7 +24,7 @@ from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
 from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
 from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration, utc_now
 
-from .profile_blocks import ProfileTarget
+from .blocks import ProfileTarget
 
 # flops_coefficients() needs a cluster only for rates; the profile keeps just its analytic
 # all-to-all volume (bytes per token per layer), which does not depend on the cluster.

@@ -139,7 +139,7 @@ def lm_target(cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32)
     """Profile target for runtime.models.TinyLM with config `cfg` (an LMConfig): the block as
     runtime.models builds it, attention one kernel call per packed sequence
     (runtime.attention.segment_attention), which is what training runs at SP degree 1."""
-    from .models import TinyLM
+    from ..models import TinyLM
 
     torch.manual_seed(seed)
     lm = TinyLM(cfg).to(dtype)
@@ -169,7 +169,7 @@ def dit_target(
     cfg, *, name: str = "tiny-dit", text_tokens: int = 8, seed: int = 0, dtype=torch.float32
 ) -> ProfileTarget:
     """Profile target for runtime.models.TinyDiT with config `cfg` (a DiTConfig)."""
-    from .models import TinyDiT
+    from ..models import TinyDiT
 
     torch.manual_seed(seed)
     dit = TinyDiT(cfg).to(dtype)

@@ -1,4 +1,4 @@
-"""How `dcp-opt bench --stream` shows its document (dcp_opt.stream): rich tables.
+"""How `dcp-opt bench --stream` shows its document (dcp_opt.analysis.stream): rich tables.
 
 rich is imported only inside the render functions, so importing this module costs nothing.
 """

@@ -1,4 +1,4 @@
-"""How `dcp-opt bench` shows its document (dcp_opt.bench): a rich table and error lines.
+"""How `dcp-opt bench` shows its document (dcp_opt.analysis.bench): a rich table and error lines.
 
 rich is imported only inside render_table, so importing this module costs nothing.
 """

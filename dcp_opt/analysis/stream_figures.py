@@ -1,5 +1,5 @@
-"""The figures of a stream run (dcp_opt.stream): one row per method, the matched-step rows,
-and the paper-fidelity rows; pure functions of the method rows (keys in dcp_opt.stream)."""
+"""The figures of a stream run (dcp_opt.analysis.stream): one row per method, the matched-step rows,
+and the paper-fidelity rows; pure functions of the method rows (keys in dcp_opt.analysis.stream)."""
 
 from __future__ import annotations
 

@@ -41,9 +41,9 @@ from torch.utils.checkpoint import checkpoint
 
 from dcp_opt.profile_io import Profile, utc_now
 
-from .profile_blocks import BlockUnderTest, HeadUnderTest, ProfileTarget
-from .profile_clocks import CpuClock, CudaClock, SavedBytes, default_clock  # noqa: F401
-from .profile_fit import (  # noqa: F401  (public API)
+from .blocks import BlockUnderTest, HeadUnderTest, ProfileTarget
+from .clocks import CpuClock, CudaClock, SavedBytes, default_clock  # noqa: F401
+from .fit import (  # noqa: F401  (public API)
     fit_points,
     fit_runtime_calibration,
     measure_all_to_all,
@@ -455,7 +455,7 @@ def calibration_plans(model, world: int, degrees=None) -> list:
 
 def calibration_samples(batch, runs: list[dict]) -> tuple[list[dict], list[dict]]:
     """(micro-batch samples, step samples) for fit_runtime_calibration from the per-rank
-    results of runtime.fidelity.run_plan: each micro-batch once (its group's first rank),
+    results of runtime.profile.fidelity.run_plan: each micro-batch once (its group's first rank),
     its wall and CPU seconds the median over steps; per step, the slowest rank."""
     by: dict[tuple, dict] = {}
     for rank, res in enumerate(runs):
@@ -492,7 +492,7 @@ def calibration_samples(batch, runs: list[dict]) -> tuple[list[dict], list[dict]
 def calibrate_runtime(profile: Profile, run_plan, *, world: int, steps: int = 2, warmup: int = 1):
     """`profile` with a RuntimeCalibration measured by `run_plan(plan, batch, steps, warmup)`,
     which must execute a plan on all `world` ranks with the runtime's executor and return
-    every rank's result as runtime.fidelity.run_plan does (e.g. DistWorkers.run of it)."""
+    every rank's result as runtime.profile.fidelity.run_plan does (e.g. DistWorkers.run of it)."""
     samples, step_rows = [], []
     for plan, batch in calibration_plans(profile.model, world):
         runs = run_plan(plan, batch, steps, warmup)

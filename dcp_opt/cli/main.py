@@ -2,11 +2,11 @@
 
     dcp-opt plan      plan one batch with one planner, print a summary, write plan JSON
     dcp-opt simulate  validate a plan JSON against its inputs and predict its step
-    dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.gantt)
-    dcp-opt bench     every planner on every standard workload (dcp_opt.bench); with
-                      --stream, every method over an epoch (dcp_opt.stream)
-    dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.whatif)
-    dcp-opt profile   measure the model on this device, fit the cost model (dcp_opt.profile_cli)
+    dcp-opt show      draw a plan JSON: Gantt chart per rank, memory per rank (dcp_opt.analysis.gantt)
+    dcp-opt bench     every planner on every standard workload (dcp_opt.analysis.bench); with
+                      --stream, every method over an epoch (dcp_opt.analysis.stream)
+    dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.analysis.whatif)
+    dcp-opt profile   measure the model on this device, fit the cost model (dcp_opt.cli.profile)
 
 Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
 fits nowhere) prints one line `dcp-opt: error: <message>` on stderr and exits 2. An invalid
@@ -22,23 +22,23 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from .batch import Batch
-from .bench import (
+from ..analysis.bench import (
     DEFAULT_MODELS,
     DEFAULT_NUM_BATCHES,
     BenchConfig,
     json_default,
     planner_kwargs,
 )
-from .cluster import GB
-from .cost import SHARDING_MODES, CostModel
-from .errors import DcpOptError
-from .inputs import cost_model, load_cluster, profile_kind
-from .plan import Plan
-from .profile_cli import add_profile_parser
-from .simulate import SimResult, simulate
-from .validate import validate
-from .workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
+from ..batch import Batch
+from ..cluster import GB
+from ..cost import SHARDING_MODES, CostModel
+from ..errors import DcpOptError
+from ..inputs import cost_model, load_cluster, profile_kind
+from ..plan import Plan
+from ..simulate import SimResult, simulate
+from ..validate import validate
+from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
+from .profile import add_profile_parser
 
 PROG = "dcp-opt"
 EXIT_BAD_INPUT = 2
@@ -279,7 +279,7 @@ def _add_show(sub) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from .gantt import plot_plan
+    from ..analysis.gantt import plot_plan
 
     checked = _checked_plan(args)
     if checked is None:
@@ -311,7 +311,9 @@ def _add_bench(sub) -> None:
     )
     p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
-    p.add_argument("--json", metavar="OUT", help="write every figure here (see dcp_opt.bench)")
+    p.add_argument(
+        "--json", metavar="OUT", help="write every figure here (see dcp_opt.analysis.bench)"
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
     p.add_argument("--no-progress", action="store_true")
     _add_stream_args(p)
@@ -319,7 +321,7 @@ def _add_bench(sub) -> None:
 
 
 def _add_stream_args(p) -> None:
-    s = p.add_argument_group("stream (an epoch per workload; see dcp_opt.stream)")
+    s = p.add_argument_group("stream (an epoch per workload; see dcp_opt.analysis.stream)")
     s.add_argument(
         "--stream",
         action="store_true",
@@ -341,8 +343,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.stream:
         return cmd_stream(args)
 
-    from .bench import run_bench
-    from .bench_display import error_lines, render_table
+    from ..analysis.bench import run_bench
+    from ..analysis.bench_display import error_lines, render_table
 
     config = BenchConfig(
         cluster=args.cluster,
@@ -368,7 +370,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def stream_config(args: argparse.Namespace):
     """StreamConfig from the bench arguments (--quick first, explicit flags over it)."""
-    from .stream import MILLION, QUICK, STREAM_WORKLOADS, StreamConfig
+    from ..analysis.stream import MILLION, QUICK, STREAM_WORKLOADS, StreamConfig
 
     kw: dict = dict(QUICK) if args.quick else {}
     kw["cluster"] = args.cluster
@@ -398,8 +400,8 @@ def stream_config(args: argparse.Namespace):
 def cmd_stream(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .stream import run_stream
-    from .stream_display import (
+    from ..analysis.stream import run_stream
+    from ..analysis.stream_display import (
         render_fidelity_table,
         render_matched_table,
         render_stream_table,
@@ -471,7 +473,7 @@ class _progress:
 
 # ---- whatif ------------------------------------------------------------------------------------
 def _add_whatif(sub) -> None:
-    from .whatif import WhatIfConfig
+    from ..analysis.whatif import WhatIfConfig
 
     d = WhatIfConfig()
     p = sub.add_parser(
@@ -498,7 +500,9 @@ def _add_whatif(sub) -> None:
     p.add_argument("--time-limit", type=float, default=d.time_limit_s, metavar="S")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--optimizer-sharding", default=d.optimizer_sharding, choices=SHARDING_MODES)
-    p.add_argument("--json", metavar="OUT", help="write the document here (see dcp_opt.whatif)")
+    p.add_argument(
+        "--json", metavar="OUT", help="write the document here (see dcp_opt.analysis.whatif)"
+    )
     p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_whatif)
@@ -516,9 +520,9 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from .histogram import LengthDistribution
-    from .whatif import WhatIfConfig, run_whatif
-    from .whatif_display import recommendation, render_tables, save_whatif_png
+    from ..analysis.whatif import WhatIfConfig, run_whatif
+    from ..analysis.whatif_display import recommendation, render_tables, save_whatif_png
+    from ..histogram import LengthDistribution
 
     if args.histogram is not None:
         dist = LengthDistribution.from_histogram(args.histogram)

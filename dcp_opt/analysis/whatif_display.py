@@ -1,4 +1,4 @@
-"""How `dcp-opt whatif` shows its document (dcp_opt.whatif): rich tables, a one-paragraph
+"""How `dcp-opt whatif` shows its document (dcp_opt.analysis.whatif): rich tables, a one-paragraph
 recommendation, and a six-panel matplotlib figure.
 
 rich and matplotlib are imported only inside the functions that draw, so importing this
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import DcpOptError
+from ..errors import DcpOptError
 
 
 def _x(s: dict | None, key: str = "median") -> str:

@@ -1,7 +1,7 @@
 """`dcp-opt bench --stream`: throughput over an epoch (a stream of data), each method in the
 form it runs in practice, at matched training semantics.
 
-The one-batch bench (dcp_opt.bench) forces every method into one fixed 2M-token batch. The
+The one-batch bench (dcp_opt.analysis.bench) forces every method into one fixed 2M-token batch. The
 published VideoSys methods form their own optimizer steps over a whole epoch instead, so that
 framing misjudges them (the published sampler forms no step at all from one such batch). Here:
 
@@ -19,8 +19,8 @@ framing misjudges them (the published sampler forms no step at all from one such
 - every step is one optimizer step: simulate() of its plan, which ends with the gradient sync
   (the barrier). The epoch time is the sum over steps.
 
-The rows and ratios are computed in dcp_opt/stream_figures.py, the tables drawn by
-dcp_opt/stream_display.py.
+The rows and ratios are computed in dcp_opt/analysis/stream_figures.py, the tables drawn by
+dcp_opt/analysis/stream_display.py.
 
 JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
 
@@ -55,22 +55,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .batch import Batch, Sequence
-from .build import make_plan
-from .cost import CostModel
-from .errors import DcpOptError
-from .inputs import load_cluster
-from .model import model_preset
-from .simulate import simulate
-from .stream_figures import (  # noqa: F401 (re-exported: the figures of a run)
-    PAPER_RATIOS,
-    fidelity_rows,
-    fill_speedups,
-    matched_rows,
-    method_row,
-)
-from .validate import validate
-from .workloads import (
+from ..batch import Batch, Sequence
+from ..build import make_plan
+from ..cost import CostModel
+from ..errors import DcpOptError
+from ..inputs import load_cluster
+from ..model import model_preset
+from ..simulate import simulate
+from ..validate import validate
+from ..workloads import (
     DISTRIBUTIONS,
     TEXT_CLIP,
     TEXT_MEDIANS,
@@ -79,6 +72,13 @@ from .workloads import (
     bucket_probabilities,
     video_buckets,
     video_shape,
+)
+from .stream_figures import (  # noqa: F401 (re-exported: the figures of a run)
+    PAPER_RATIOS,
+    fidelity_rows,
+    fill_speedups,
+    matched_rows,
+    method_row,
 )
 
 STREAM_SCHEMA = "dcp-opt-stream/1"

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .batch import Batch
-from .cluster import GB
-from .cost import CostModel
-from .plan import Plan
-from .simulate import Event, SimResult, simulate
+from ..batch import Batch
+from ..cluster import GB
+from ..cost import CostModel
+from ..plan import Plan
+from ..simulate import Event, SimResult, simulate
 
 COLORS = {
     "compute": "#4C72B0",
