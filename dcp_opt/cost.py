@@ -215,7 +215,16 @@ class CostModel:
     coeffs: CostCoefficients = None  # type: ignore[assignment]
     optimizer_sharding: str = "zero1"
     usable_memory_fraction: float = 0.9
-    grad_reduce_bytes_per_param: float = 2.0
+    # Bytes per parameter of a ring all-reduce that the step's world collectives cost
+    # (grad_sync_time). None (the default): what runtime/sharding.py sends under
+    # `optimizer_sharding` (runtime_reduce_bytes: 4 for `none`, 3 for the sharded modes),
+    # and it follows the mode through `with_`; a number overrides it for a runtime that
+    # reduces otherwise (e.g. 2 for bf16 gradient reduction; a profile's measured sync).
+    grad_reduce_bytes_per_param: float | None = None
+    # Seconds of the sharded modes' closing micro-step (closing_step_time). None (the
+    # default): the cost model's own one-token micro-batch; a number: a runtime's own
+    # figure (0 for one without that step).
+    closing_step_s: float | None = None
     # Knobs a measured profile may need beyond the FLOP preset (all off by default, where
     # every figure and the fingerprint are the preset's; dcp_opt/perturb.py gives the ranges
     # a measurement could give and why):
@@ -236,6 +245,8 @@ class CostModel:
     # and cpsat choose each group's kind. Every figure of a given kind is the same either way.
     sp_kinds: tuple[str, ...] = ("ulysses",)
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
+    # Whether grad_reduce_bytes_per_param was left to the mode (set in __post_init__)
+    _reduce_follows_mode: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.coeffs is None:
@@ -249,6 +260,7 @@ class CostModel:
             raise DcpOptError(
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
+        self._resolve_reduce_bytes()
         self._check_knobs()
         self._check_sp_kinds()
         missing = set(self.model.block_types) - set(self.coeffs.blocks)
@@ -258,10 +270,26 @@ class CostModel:
                 f"of model {self.model.name!r}"
             )
 
+    def _resolve_reduce_bytes(self) -> None:
+        """grad_reduce_bytes_per_param: None follows the mode; a number is checked."""
+        v = self.grad_reduce_bytes_per_param
+        follows = v is None
+        if follows:
+            v = runtime_reduce_bytes(self.optimizer_sharding)
+        elif isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)) or v < 0:
+            raise DcpOptError(
+                f"grad_reduce_bytes_per_param: must be a finite number >= 0 or None (the "
+                f"runtime's collectives of optimizer_sharding), got {v!r}"
+            )
+        object.__setattr__(self, "grad_reduce_bytes_per_param", float(v))
+        object.__setattr__(self, "_reduce_follows_mode", follows)
+
     def _check_knobs(self) -> None:
         """The measured-profile knobs: finite, >= 0; overheads as (degree, x) pairs."""
-        for name in ("replicated_seq_s", "step_overhead_s"):
+        for name in ("replicated_seq_s", "step_overhead_s", "closing_step_s"):
             v = getattr(self, name)
+            if name == "closing_step_s" and v is None:
+                continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise DcpOptError(f"{name}: must be a finite number >= 0, got {v!r}")
         try:
@@ -302,6 +330,10 @@ class CostModel:
         return 1.0 + dict(self.sp_compute_overhead).get(int(d), 0.0)
 
     def with_(self, **changes) -> CostModel:
+        """A copy with `changes`. A sync volume left to the mode keeps following it (a copy
+        with another optimizer_sharding charges that mode's collectives)."""
+        if self._reduce_follows_mode:
+            changes.setdefault("grad_reduce_bytes_per_param", None)
         return replace(self, _cache=MemoCache(), **changes)
 
     # ---- features ----------------------------------------------------------------------
@@ -533,8 +565,8 @@ class CostModel:
         runtime/sharding.py: `none` all-reduces the fp32 gradients (ring, 2 (N-1)/N x 4 B per
         parameter; Thakur et al. 2005); the sharded modes all-gather the bf16 weights once
         ((N-1)/N x 2 B) and reduce-scatter the fp32 gradients ((N-1)/N x 4 B). The step time
-        charges `grad_sync_time` (an all-reduce of `grad_reduce_bytes_per_param`); set that
-        to `runtime_reduce_bytes(mode)` to charge exactly these."""
+        charges them in `grad_sync_time` as an all-reduce of `grad_reduce_bytes_per_param`,
+        which by default is `runtime_reduce_bytes(mode)`: exactly these bytes."""
         p, n = self.model.total_params, self.cluster.num_gpus
         share = (n - 1) / n
         if self.optimizer_sharding == "none":
@@ -582,13 +614,37 @@ class CostModel:
         return np.where((r <= L) & (room > 0), r, -1).astype(int)
 
     # ---- whole step --------------------------------------------------------------------
+    def closing_step_time(self) -> float:
+        """Seconds of the closing micro-step of the sharded modes: Sharding.finish_step
+        (runtime/sharding.py) runs one token with loss x 0 on every rank, sync on, so that
+        FSDP2 reduce-scatters every unit in the same order everywhere; `none` runs none. It
+        is charged as the cost model's own one-token micro-batch at degree 1 (no
+        all-to-all): L x (each block's per-layer constant `const` + one token's terms) + the
+        head of one token + `microbatch_overhead_s`, as time_parts' compute, at the pace of
+        the slowest rank (every rank runs it before the world reduces). `closing_step_s`,
+        when set, replaces this figure."""
+        if self.optimizer_sharding == "none":
+            return 0.0
+        if self.closing_step_s is not None:
+            return float(self.closing_step_s)
+        if "closing" not in self._cache:  # simulate asks once per plan
+            co = self.coeffs
+            fwd, bwd = self.layer_times(np.ones((1, self.num_features)), 1)  # Q = T = S = 1
+            head = co.head_fwd_per_token_s + co.head_bwd_per_token_s
+            one = self.model.num_layers * (fwd[0] + bwd[0]) + head + co.microbatch_overhead_s
+            self._cache["closing"] = float(one) / self.cluster.group_speed(0, self.cluster.num_gpus)
+        return self._cache["closing"]
+
     def grad_sync_time(self) -> float:
-        """Ring all-reduce (or reduce-scatter + all-gather) of the gradients over the world:
-        2 (N-1)/N * bytes / bandwidth (Thakur et al. 2005), at the NIC rate across nodes."""
+        """Seconds every step pays after the plan's last phase: the world collectives as a
+        ring all-reduce of `grad_reduce_bytes_per_param` (2 (N-1)/N * bytes / bandwidth,
+        Thakur et al. 2005; by default the bytes runtime/sharding.py sends under the mode,
+        step_collectives), at the NIC rate across nodes, + the closing micro-step of the
+        sharded modes (closing_step_time) + `step_overhead_s`."""
         c = self.cluster
         n = c.num_gpus
         if n == 1:
-            return self.step_overhead_s
+            return self.step_overhead_s + self.closing_step_time()
         bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
         volume = self.model.total_params * self.grad_reduce_bytes_per_param
         if c.topology is not None:  # the ring's most loaded link (dcp_opt/topology/comm.py)
@@ -596,7 +652,7 @@ class CostModel:
 
             load, bw = ring_bottleneck(c.topology)
             volume = volume * load
-        return 2 * (n - 1) / n * volume / bw + self.step_overhead_s
+        return 2 * (n - 1) / n * volume / bw + self.step_overhead_s + self.closing_step_time()
 
     def check_fits(self, batch: Batch) -> None:
         """Raise InfeasibleError naming the first sequence that fits nowhere."""
@@ -632,6 +688,8 @@ class CostModel:
             payload["replicated_seq_s"] = self.replicated_seq_s
         if self.step_overhead_s:
             payload["step_overhead_s"] = self.step_overhead_s
+        if self.closing_step_s is not None:  # the default follows the coefficients
+            payload["closing_step_s"] = self.closing_step_s
         if self.sp_kinds != ("ulysses",):  # plans for cp-capable planners differ
             payload["sp_kinds"] = list(self.sp_kinds)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

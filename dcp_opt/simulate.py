@@ -1,8 +1,11 @@
 """Predict a plan's step: per-rank timeline, step time, imbalance, memory, communication.
 
 Semantics (the same as the runtime's): a group starts a phase when all its members are free;
-it runs its micro-batches back to back; after the last phase every rank joins one gradient
-all-reduce, so step time = latest finish + gradient sync.
+it runs its micro-batches back to back; after the last phase every rank joins the step's
+world collectives (runtime/sharding.py: the gradient all-reduce, or in the sharded modes a
+closing one-token micro-step and the reduce-scatter; the all-gather of the weights at the
+step's start is charged there too), so step time = latest finish + gradient sync
+(CostModel.grad_sync_time).
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ class SimResult:
     # weights + reduce-scatter of the gradients), and their time at the gradient-sync rate.
     collectives: dict = field(default_factory=dict)
     collectives_s: float = 0.0
+    # Seconds of the sharded modes' closing one-token micro-step (CostModel.closing_step_time),
+    # part of grad_sync_s like the collectives
+    closing_step_s: float = 0.0
 
     @property
     def num_ranks(self) -> int:
@@ -80,6 +86,9 @@ class SimResult:
             "recompute_share": self.recompute_s / max(float(self.busy_s.sum()), 1e-30),
             "peak_memory_gb": float(self.peak_memory_bytes.max()) / 1e9,
             "num_micro_batches": len(self.events),
+            "collectives": dict(self.collectives),
+            "collectives_s": self.collectives_s,
+            "closing_step_s": self.closing_step_s,
         }
 
 
@@ -137,6 +146,7 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
         rec_total,
         coll,
         _collective_seconds(coll, cost),
+        cost.closing_step_time(),
     )
 
 

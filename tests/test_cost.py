@@ -69,6 +69,49 @@ def test_runtime_reduce_bytes_refuses_an_unknown_mode():
         runtime_reduce_bytes("zero9")
 
 
+def test_the_sync_volume_follows_the_mode_unless_given():
+    toy = toy_cost()
+    cost = CostModel(toy.model, toy.cluster, toy.coeffs)  # no figure given: the runtime's
+    assert cost.grad_reduce_bytes_per_param == 3.0  # zero1: all-gather 2 B + reduce-scatter 4 B
+    assert cost.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 4.0
+    assert (
+        cost.with_(usable_memory_fraction=0.5)
+        .with_(optimizer_sharding="none")
+        .grad_reduce_bytes_per_param
+        == 4.0
+    )  # still following after another change
+    # a given figure (bf16 gradient reduction: 2 B) is the user's, whatever the mode
+    bf16 = cost.with_(grad_reduce_bytes_per_param=2)
+    assert bf16.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 2.0
+    assert bf16.fingerprint() != cost.fingerprint()
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "2", True])
+def test_a_bad_sync_volume_or_closing_step_is_refused(bad):
+    toy = toy_cost()
+    with pytest.raises(DcpOptError, match=r"^grad_reduce_bytes_per_param: must be a finite"):
+        CostModel(toy.model, toy.cluster, toy.coeffs, grad_reduce_bytes_per_param=bad)
+    if not isinstance(bad, bool):
+        with pytest.raises(DcpOptError, match=r"^closing_step_s: must be a finite number"):
+            CostModel(toy.model, toy.cluster, toy.coeffs, closing_step_s=bad)
+
+
+def test_the_closing_micro_step_is_one_token_at_degree_1_in_the_sharded_modes():
+    # The toy's own one-token micro-batch: 2 layers x (1 + 2) s x 1 token + 0.5 s = 6.5 s,
+    # paid after the last phase by every rank (runtime/sharding.py, finish_step) and so in
+    # grad_sync_time (the toy sends no sync bytes); the slowest rank (speed 0.5) sets its pace.
+    cost = toy_cost().with_(closing_step_s=None)
+    seq = Batch.from_lengths([1]).sequences
+    assert cost.closing_step_time() == cost.microbatch_time(seq, 1).total_s == 6.5
+    assert cost.grad_sync_time() == 6.5
+    slow = toy_cost(speed_factors=(1.0, 0.5, 1.0, 1.0)).with_(closing_step_s=None)
+    assert slow.closing_step_time() == 13.0
+    # none runs no closing step; a given figure replaces the cost model's own
+    assert cost.with_(optimizer_sharding="none").grad_sync_time() == 0.0
+    assert cost.with_(closing_step_s=0.25).grad_sync_time() == 0.25
+    assert cost.with_(optimizer_sharding="zero3").closing_step_time() == 6.5
+
+
 def test_check_fits_uses_the_roomiest_placement_of_the_largest_degree():
     # Degrees 1 and 2 on ranks with 50, 100, 300, 400 bytes: the largest degree, 2, has
     # capacities min(50, 100) = 50 at rank 0 and 300 at rank 2. All layers recomputed, T

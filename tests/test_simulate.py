@@ -145,6 +145,11 @@ def test_comm_recompute_and_summary_by_hand():
         "recompute_share": 8 / busy,
         "peak_memory_gb": 97 / 1e9,
         "num_micro_batches": 3,
+        # zero1 on 4 GPUs, 1 parameter: all-gather 3/4 x 2 B, reduce-scatter 3/4 x 4 B at
+        # 1 B/s (the toy charges neither in grad_sync_s, nor a closing micro-step)
+        "collectives": {"param_all_gather": 1.5, "grad_reduce_scatter": 3.0},
+        "collectives_s": 4.5,
+        "closing_step_s": 0.0,
     }
 
 

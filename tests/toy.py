@@ -1,6 +1,7 @@
 """A toy cost model whose arithmetic fits in a comment (used by hand-built tests).
 
-Cluster: 1 node x 4 GPUs, 100 bytes each, no communication cost.
+Cluster: 1 node x 4 GPUs, 100 bytes each, no communication cost, no per-step cost (no
+gradient sync bytes, no closing micro-step).
 Model: 2 layers, 1 parameter -> model states 1 * (2 + 4 + 12/4) = 9 bytes (zero1 over 4).
 Time  (seconds) of T tokens at degree d with r recomputed layers:
     per layer fwd = T/d, bwd = 2T/d  -> 2 layers: 6T/d; + overhead 0.5; + recompute r*T/d
@@ -41,5 +42,10 @@ def toy_cost(
         source="toy",
     )
     return CostModel(
-        model, cluster, coeffs, usable_memory_fraction=1.0, grad_reduce_bytes_per_param=0.0
+        model,
+        cluster,
+        coeffs,
+        usable_memory_fraction=1.0,
+        grad_reduce_bytes_per_param=0.0,
+        closing_step_s=0.0,
     )
