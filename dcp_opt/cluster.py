@@ -142,15 +142,17 @@ class Cluster:
             return sorted(out)
         # With a topology the fabric's domains bound the groups: an NVLink domain larger
         # than a node adds its halvings (72, 36, 18, 9 on NVL72), every domain its whole
-        # multiples; a degree is kept when, for every domain size s, it divides s or s
-        # divides it, so that aligned groups never straddle a domain.
+        # multiples. A degree d is kept when, for every domain size s, s divides d (whole
+        # domains) or d < s: then its groups sit inside a domain, aligned to the domain's
+        # start (placements(): 16 and 32 inside a 72-GPU rack at 0, 16, 32, 48 and 0, 32 of
+        # each rack).
         sizes = self.topology.domain_sizes
         nvl = self.topology.nvlink_domain
         if nvl > g:
             out |= {nvl // 2**k for k in range(nvl.bit_length()) if nvl % 2**k == 0}
         for s in sizes:
             out |= {s * k for k in _powers_of_two(n // s)}
-        return sorted(d for d in out if all(s % d == 0 or d % s == 0 for s in sizes))
+        return sorted(d for d in out if all(d % s == 0 or d < s for s in sizes))
 
     @cached_property
     def allowed_degrees(self) -> tuple[int, ...]:
@@ -158,12 +160,39 @@ class Cluster:
         return tuple(sorted(self.degrees)) if self.degrees else tuple(self._natural_degrees())
 
     def placements(self, degree: int) -> tuple[int, ...]:
-        """Start ranks of the aligned placements of a group of `degree` (start % degree == 0)."""
+        """Start ranks of the aligned placements of a group of `degree`: what validate()
+        accepts. Without a topology start % degree == 0. With one, the group is aligned to
+        the start of the smallest domain that holds it (the whole cluster if none does):
+        start = domain start + k * degree, so a 32-group in 72-GPU racks starts at 0 or 32
+        of a rack. Where every domain size is a multiple of the degree (or the degree of
+        the domain) that is start % degree == 0, as without a topology."""
         if degree not in self.allowed_degrees:
             raise DcpOptError(
                 f"degree: {degree} not allowed; allowed: {list(self.allowed_degrees)}"
             )
-        return tuple(range(0, self.num_gpus - degree + 1, degree))
+        return self._starts(degree)[0]
+
+    def is_placement(self, start: int, degree: int) -> bool:
+        """Whether a group of an allowed `degree` may start at rank `start` (placements())."""
+        return start in self._starts(degree)[1]
+
+    def _starts(self, degree: int) -> tuple[tuple[int, ...], frozenset]:
+        found = self._placement_memo.get(degree)
+        if found is None:
+            n = self.num_gpus
+            if self.topology is None:
+                starts = tuple(range(0, n - degree + 1, degree))
+            else:
+                size = min(s for s in (*self.topology.domain_sizes, n) if s >= degree)
+                starts = tuple(
+                    b + k * degree for b in range(0, n, size) for k in range(size // degree)
+                )
+            found = self._placement_memo[degree] = (starts, frozenset(starts))
+        return found
+
+    @cached_property
+    def _placement_memo(self) -> dict:
+        return {}
 
     def spans_nodes(self, start: int, degree: int) -> bool:
         return self.node_of(start) != self.node_of(start + degree - 1)

@@ -95,7 +95,17 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
             if g.degree < 1 or g.start_rank < 0 or g.start_rank + g.degree > n:
                 out.append(Violation("OUT_OF_RANGE", f"{where}: cluster has ranks 0..{n - 1}"))
                 continue
-            if g.start_rank % g.degree:
+            if c.topology is not None:  # aligned to the start of its domain (placements())
+                if not c.is_placement(g.start_rank, g.degree):
+                    ok = _short(list(c._starts(g.degree)[0]))
+                    out.append(
+                        Violation(
+                            "MISALIGNED",
+                            f"{where}: start {g.start_rank} is not a placement of degree "
+                            f"{g.degree} (aligned inside the fabric's domains: {ok})",
+                        )
+                    )
+            elif g.start_rank % g.degree:
                 out.append(
                     Violation(
                         "MISALIGNED",

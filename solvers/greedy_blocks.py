@@ -29,6 +29,9 @@ def block_size(inst: Instance, cluster) -> int | None:
     b = BLOCK_GPUS
     if n < 2 * b or n % b or b % cluster.gpus_per_node or b not in cluster.allowed_degrees:
         return None
+    # a block's placements must repeat block by block: no fabric domain across a block edge
+    if cluster.topology and any(b % s and s % b for s in cluster.topology.domain_sizes):
+        return None
     if len(inst.ids) < MIN_SEQS_PER_BLOCK * 2:
         return None
     narrow = inst.degrees <= b

@@ -163,6 +163,9 @@ def place(groups: list[int], inst: Instance, cluster, first: int = 0) -> list[tu
 
 
 def _fits(used: bytearray, start: int, d: int, cluster) -> bool:
+    if cluster.topology is not None:  # aligned inside the fabric's domains: placements()
+        ok = start + d <= len(used) and cluster.is_placement(start, d)
+        return ok and used.find(1, start, start + d) < 0
     if start % d or start + d > len(used) or used.find(1, start, start + d) >= 0:
         return False
     gpn = cluster.gpus_per_node
@@ -171,7 +174,8 @@ def _fits(used: bytearray, start: int, d: int, cluster) -> bool:
 
 
 def _scan(used: bytearray, d: int, cluster) -> int | None:
-    for s in range(0, len(used) - d + 1, d):
+    starts = range(0, len(used) - d + 1, d) if cluster.topology is None else cluster.placements(d)
+    for s in starts:
         if _fits(used, s, d, cluster):
             return s
     return None

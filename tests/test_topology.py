@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from dcp_opt.solvers import run_planner
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -232,8 +233,10 @@ def test_nvl72_degrees_and_domains():
     one = cluster_preset("gb200-nvl72")
     assert {72, 36, 18, 9} <= set(one.allowed_degrees) and one.topology.nvlink_domain == 72
     four = cluster_preset("gb200-nvl72x4")
-    # 16, 32, 64 would straddle racks (72 = 4.5 x 16): refused; whole racks and halvings kept
-    assert four.allowed_degrees == (1, 2, 4, 8, 9, 18, 36, 72, 144, 288)
+    # 16, 32, 64 sit inside a rack, aligned to its start; 128 and 256 would cut a rack: refused
+    assert four.allowed_degrees == (1, 2, 4, 8, 9, 16, 18, 32, 36, 64, 72, 144, 288)
+    assert four.placements(32) == (0, 32, 72, 104, 144, 176, 216, 248)
+    assert four.placements(64) == (0, 72, 144, 216) and four.placements(144) == (0, 144)
     assert four.topology.domain_sizes == (72,)
     # inside a rack the whole NVLink group talks at NVLink rate; two racks go over IB
     g72, g144 = (group_comm(four.topology, 0, d) for d in (72, 144))
@@ -256,6 +259,26 @@ def test_validate_refuses_a_group_across_domains():
     codes = {v.code for v in validate(Plan((Phase(groups),), 8, 3.0), batch, cost)}
     assert {"NODE_STRADDLE", "MISALIGNED"} <= codes
     assert c.straddles(3, 2) and not c.straddles(4, 4) and not c.straddles(0, 8)
+
+
+def test_validate_accepts_exactly_the_placements():
+    """Inside 72-GPU racks a 32-group starts at 0 or 32 of a rack: validate() accepts those
+    and refuses every other start (a globally aligned 96 included), and greedy only uses them."""
+    c = cluster_preset("gb200-nvl72x4")
+    cost = CostModel(model_preset("llama-7b"), c)
+    batch = Batch((Sequence(0, (1024,)),))
+    for d in (16, 32, 36, 64):
+        ok = set(c.placements(d))
+        for start in range(0, 288 - d + 1):
+            groups = [Group(r, 1, ()) for r in range(288) if not start <= r < start + d]
+            groups.append(Group(start, d, (MicroBatch((0,), 0),)))
+            plan = Plan((Phase(tuple(sorted(groups, key=lambda g: g.start_rank))),), 288, 1.0)
+            codes = {v.code for v in validate(plan, batch, cost, check_fingerprint=False)}
+            assert (codes <= {"TIME_MISMATCH"}) == (start in ok), (d, start, codes)
+    long = Batch(tuple(Sequence(i, (1 << 19,)) for i in range(24)))
+    plan = run_planner("greedy", long, cost).plan
+    assert validate(plan, long, cost) == []
+    assert all(c.is_placement(g.start_rank, g.degree) for p in plan.phases for g in p.groups)
 
 
 # ---- a user's fabric in JSON ---------------------------------------------------------------
