@@ -10,7 +10,10 @@
 2. h100-fattree-2to1 (4 leaves of 4 DGX H100, 2:1 above the leaves): the same comparison
    (blind = the two-level model of the same nodes, no oversubscription), the share of
    GPU-seconds in groups that span leaves, on the standard workloads and on long-context
-   1D batches (sequences 64K-1M tokens, log-uniform).
+   1D batches (sequences 64K-1M tokens on Llama 7B and Llama 3 8B, 32K-256K on Llama 7B,
+   log-uniform). Then fat-trees whose leaves are smaller than those groups: two DGX H100
+   per leaf (16 GPUs, 128 GPUs in all) at 2:1 and 4:1, three per leaf (24 GPUs, 96 in all)
+   at 2:1.
 3. Oversubscription sweep 1, 2, 4, 8:1 on the long-context batches, leaves of 32 GPUs (the
    preset's) and of 16: the aware step time over the non-blocking fabric's ("what does r:1
    cost my plan?"), blind / aware, and the cross-leaf shares.
@@ -36,7 +39,7 @@ from dcp_opt.solvers import run_planner
 
 from dcp_opt import Batch, CostModel, cluster_preset, model_preset, validate
 from dcp_opt.batch import Sequence
-from dcp_opt.topology.whatif import compare_blind, sweep_oversubscription
+from dcp_opt.topology.whatif import compare_blind, fat_tree_cluster, sweep_oversubscription
 from dcp_opt.workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, Workload
 
 MODELS = {"1d": "llama-7b", "2d": "opensora-stdit3-xl"}
@@ -48,22 +51,32 @@ def degrees(plan) -> dict[int, int]:
     )
 
 
-def long_context(seed: int, gpus: int) -> Batch:
-    """1D sequences of 64K-1M tokens (log-uniform) up to 64K tokens per GPU."""
+def long_context(seed: int, gpus: int, lo: int = 65536, hi: int = 1 << 20) -> Batch:
+    """1D sequences of lo-hi tokens (log-uniform; 64K-1M by default) up to 64K tokens per
+    GPU."""
     rng = np.random.default_rng(seed)
     seqs: list[int] = []
     while sum(seqs) < gpus * DEFAULT_TOKENS_PER_GPU:
-        seqs.append(int(np.exp(rng.uniform(np.log(65536), np.log(1 << 20)))))
+        seqs.append(int(np.exp(rng.uniform(np.log(lo), np.log(hi)))))
     return Batch(tuple(Sequence(i, (s,)) for i, s in enumerate(seqs)))
 
 
-def compare_rows(cluster_name: str, seeds: int, extra_long: bool) -> list[dict]:
-    cluster = cluster_preset(cluster_name)
+def long_cases(gpus: int) -> list:
+    """The long-context 1D cases: 64K-1M tokens on Llama 7B and Llama 3 8B (GQA: a quarter
+    of the K/V all-to-all), and 32K-256K on Llama 7B (where Ulysses traffic weighs most
+    against attention, which grows with the square of the length)."""
+    return [
+        ("1d-longcontext", "llama-7b", lambda s, _n: long_context(s, gpus)),
+        ("1d-longcontext", "llama3-8b", lambda s, _n: long_context(s, gpus)),
+        ("1d-midcontext", "llama-7b", lambda s, _n: long_context(s, gpus, 32768, 1 << 18)),
+    ]
+
+
+def compare_rows(cluster_name: str, seeds: int, extra_long: bool, cluster=None) -> list[dict]:
+    cluster = cluster or cluster_preset(cluster_name)
     cases = [(wl.name, MODELS[wl.kind], wl.batch) for wl in STANDARD_WORKLOADS]
     if extra_long:
-        cases.append(
-            ("1d-longcontext", "llama-7b", lambda s, _n: long_context(s, cluster.num_gpus))
-        )
+        cases += long_cases(cluster.num_gpus)
     rows = []
     for name, model, make in cases:
         cost = CostModel(model_preset(model), cluster)
@@ -91,7 +104,7 @@ def compare_rows(cluster_name: str, seeds: int, extra_long: bool) -> list[dict]:
         )
         r = rows[-1]
         print(
-            f"{cluster_name:18s} {name:15s} blind/aware median {r['ratio_median']:.4f} "
+            f"{cluster_name:18s} {name:15s} {model:10s} blind/aware median {r['ratio_median']:.4f} "
             f"[{r['ratio_min']:.4f}, {r['ratio_max']:.4f}]  max degree {r['max_aware_degree']}  "
             f"cross-leaf {r['aware_cross_leaf']:.2f} (blind {r['blind_cross_leaf']:.2f})  "
             f"aware {r['aware_degrees']}  blind {r['blind_degrees']}",
@@ -170,6 +183,12 @@ def main() -> None:
     out["nvl72"] = compare_rows("gb200-nvl72", args.seeds, extra_long=False)
     out["nvl72"] += compare_rows("gb200-nvl72x4", args.seeds, extra_long=True)
     out["fattree"] = compare_rows("h100-fattree-2to1", args.seeds, extra_long=True)
+    # Leaves smaller than the degrees long sequences take: two DGX per leaf (16 GPUs) at
+    # 2:1 and 4:1, and three (24 GPUs, not a power of two) at 2:1; 128 and 96 GPUs.
+    for ratio, per_leaf, leaves in ((2.0, 2, 8), (4.0, 2, 8), (2.0, 3, 4)):
+        c = fat_tree_cluster(ratio, leaves, per_leaf)
+        name = f"fattree-{ratio:g}to1-leaf{8 * per_leaf}"
+        out["fattree"] += compare_rows(name, args.seeds, extra_long=True, cluster=c)
     batches = [long_context(s, 128) for s in range(args.seeds)]
     out["sweep"] = []
     for per_leaf in (4, 2):  # leaves of 32 GPUs (the preset) and of 16 (two DGX per ToR)
