@@ -24,6 +24,9 @@ less the constant sync).
 Constraint groups:
   [L] layout:      u_js >= u_j,s+1;  sum_js d_j u_js <= N (aligned buddy placement of powers
                    of two then always exists; the extraction checks it)
+  [L'] placement (only where buddy tiling may fail: degrees 72/36/18/9, a fabric's
+                   domains; cpsat_model.placement_starts): st_js in Cluster.placements(d_j);
+                   optional intervals [st_js, st_js + d_j) present iff u_js, no overlap
   [A] assignment:  sum_js y_kjs + z_k = c_k;  y_kjs <= c_k u_js;  y = 0 where it does not fit
   [P] packing (aggregate): b_js >= u_js;  cap0_j b_js >= sum_{k fits at r=0} tok_k y_kjs +
                    cap0_j sum_{k needs r>0} y_kjs;  load_js = sum_k mt_kj y_kjs + C_j b_js

@@ -48,15 +48,17 @@ def add_hint(model: cp_model.CpModel, data: Data, v: Vars, draft: Draft) -> bool
     cls = class_of(data)
     hint: dict[int, int] = {}  # variable index -> value; every other variable is 0
     by_deg: dict[int, list] = {}
-    for _, j, bins in draft.groups:
-        by_deg.setdefault(j, []).append((*_group_hint(data, j, bins, cls), bins))
+    for start, j, bins in draft.groups:
+        by_deg.setdefault(j, []).append((*_group_hint(data, j, bins, cls), bins, start))
     loads = []
     for j, groups in by_deg.items():
         if len(groups) > data.slots[j]:
             return False
         groups.sort(key=lambda g: -g[0])
-        for s, (load, counts, nb, bins) in enumerate(groups):
+        for s, (load, counts, nb, bins, start) in enumerate(groups):
             hint[v.u[j, s].index] = 1
+            if (j, s) in v.st:  # the model places the groups: the greedy's start
+                hint[v.st[j, s].index] = start
             hint[v.load[j, s].index] = load
             loads.append(load)
             for k, n in counts.items():
@@ -79,6 +81,8 @@ def add_hint(model: cp_model.CpModel, data: Data, v: Vars, draft: Draft) -> bool
                 p0 += int(data.t[cls[i], data.wide])
     hint[v.p0.index] = p0
     hint[v.m.index] = p0 + max(loads, default=0)
+    for key, st in v.st.items():  # unused slots: a value of their domain
+        hint.setdefault(st.index, int(data.starts[key[0]][0]))
     n = len(model.proto.variables)
     model.proto.solution_hint.vars.extend(range(n))
     model.proto.solution_hint.values.extend([hint.get(i, 0) for i in range(n)])
@@ -105,18 +109,20 @@ def extract(solver: cp_model.CpSolver, data: Data, v: Vars, place, cluster):
     """Solution -> (placed groups, degree index per member row, Draft of the model's own
     assignment). None if the layout cannot be placed."""
     inst = data.inst
-    used = sorted(
-        (j for (j, s), u in v.u.items() if solver.value(u)), key=lambda j: -inst.degrees[j]
-    )
-    placed = place(used, inst, cluster)
-    if len(placed) != len(used):
-        return None
+    on = [key for key, u in v.u.items() if solver.value(u)]
     slot_start: dict = {}
-    counters: dict = {}
-    for start, j in placed:
-        s = counters.get(j, 0)
-        counters[j] = s + 1
-        slot_start[j, s] = start
+    if data.starts is not None:  # placed by the model ([L'])
+        slot_start = {key: int(solver.value(v.st[key])) for key in on}
+        placed = sorted((start, j) for (j, _), start in slot_start.items())
+    else:  # buddy style; slot s of a degree takes its s-th placement
+        placed = place(sorted((j for j, _ in on), key=lambda j: -inst.degrees[j]), inst, cluster)
+        if len(placed) != len(on):
+            return None
+        counters: dict = {}
+        for start, j in placed:
+            s = counters.get(j, 0)
+            counters[j] = s + 1
+            slot_start[j, s] = start
     pref = np.full(len(inst.ids), -1)
     groups: dict = {key: [] for key in slot_start}
     phase0: list = []

@@ -38,6 +38,9 @@ class Data:
     wide: int  # degree index of the phase-0 group (the whole cluster), -1 = none
     unit: float  # seconds per unit
     exact: bool
+    # (D,) start ranks each degree may take (Cluster.placements) where the buddy argument of
+    # [L] does not hold (a fabric's domains, degrees like 72/36/18/9); None = buddy tiling
+    starts: list | None = None
     levels: dict = field(default_factory=dict)  # exact model: d -> [(r, c_units, cap_tok)]
     complete: bool = False  # exact model with every recompute level 0..L: its optimum is exact
     mt_r: dict = field(default_factory=dict)  # exact model: (k, d, r) -> units
@@ -97,7 +100,9 @@ def make_data(
     pack = np.array([(inst.r_min[c] == 0).all(axis=0) for c in classes])
     count = np.array([len(c) for c in classes])
     n_fit = (count[:, None] * ok).sum(axis=0).tolist()
-    slots = [min(inst.num_gpus // int(d), n_fit[j], SLOT_CAP) for j, d in enumerate(inst.degrees)]
+    starts = placement_starts(inst, cost.cluster)
+    most = [len(x) for x in starts] if starts else [inst.num_gpus // int(d) for d in inst.degrees]
+    slots = [min(most[j], n_fit[j], SLOT_CAP) for j in range(len(inst.degrees))]
     if near is not None and not exact:
         slots = [
             max(min(s, near.get(j, 0) + max(2, near.get(j, 0) // 4)), near.get(j, 0))
@@ -118,10 +123,26 @@ def make_data(
         wide=wide,
         unit=unit,
         exact=exact,
+        starts=starts,
     )
     if exact:
         _add_levels(data, cost)
     return data
+
+
+def placement_starts(inst: Instance, cluster) -> list | None:
+    """Each degree's placements, where buddy tiling may fail: a degree other than the whole
+    cluster that is not a power of two (72/36/18/9 on NVL72: 36 + 32 + 4 = 72 GPUs, yet a
+    32 and a 36 cannot both sit in one rack), or placements other than every aligned range
+    (a fabric's domains). None where every layout that fits N GPUs tiles buddy style."""
+    n = inst.num_gpus
+    degs = [int(d) for d in inst.degrees]
+    starts = [cluster.placements(d) for d in degs]
+    buddy = all(
+        (d & (d - 1) == 0 or d == n) and st == tuple(range(0, n - d + 1, d))
+        for d, st in zip(degs, starts, strict=True)
+    )
+    return None if buddy else starts
 
 
 LEVEL_BUDGET = 4000  # micro-batch x level booleans the exact model may spend on every level
@@ -156,6 +177,7 @@ def _add_levels(data: Data, cost: CostModel) -> None:
 @dataclass
 class Vars:
     u: dict = field(default_factory=dict)  # (j, s) -> slot s of degree j is a group
+    st: dict = field(default_factory=dict)  # (j, s) -> its start rank (Data.starts only)
     y: dict = field(default_factory=dict)  # (k, j, s) -> members of class k in that group
     z: dict = field(default_factory=dict)  # k -> members of class k in phase 0
     load: dict = field(default_factory=dict)  # (j, s) -> busy time of the group (units)
@@ -179,6 +201,22 @@ def add_layout(model: cp_model.CpModel, data: Data, v: Vars) -> None:
             if s:
                 model.add_implication(v.u[j, s], v.u[j, s - 1])
     model.add(sum(int(deg[j]) * u for (j, _), u in v.u.items()) <= data.inst.num_gpus)
+    if data.starts is not None:  # tiling is not automatic: place the groups in the model
+        add_placement(model, data, v)
+
+
+def add_placement(model: cp_model.CpModel, data: Data, v: Vars) -> None:
+    """[L'] Each used slot takes one of its degree's placements (Cluster.placements), and
+    the used slots' rank ranges do not overlap (an optional interval per slot, no-overlap):
+    exactly the layouts validate() accepts."""
+    deg = data.inst.degrees
+    ranges = []
+    for (j, s), u in v.u.items():
+        d = int(deg[j])
+        dom = cp_model.Domain.FromValues(list(data.starts[j]))
+        v.st[j, s] = model.new_int_var_from_domain(dom, f"st{j}_{s}")
+        ranges.append(model.new_optional_fixed_size_interval_var(v.st[j, s], d, u, f"iv{j}_{s}"))
+    model.add_no_overlap(ranges)
 
 
 def add_assignment(model: cp_model.CpModel, data: Data, v: Vars) -> None:

@@ -424,3 +424,30 @@ def test_switchless_mesh_by_hand():
     assert close(group_comm(t, 4, 4).per_byte_s, (1 / 3) / (64 * GB))
     assert close(group_comm(t, 0, 8).latency_s, 1e-6)  # one hop
     assert ring_bottleneck(t) == (1.0, 64 * GB)
+
+
+def test_cpsat_places_non_power_of_two_degrees():
+    """On one NVL72 rack (degrees 72/36/18/9 beside powers of two) CP-SAT places its groups
+    in the model (no-overlap over Cluster.placements): no fallback, a valid plan, every
+    group on a placement, never slower than the greedy. A power-of-two cluster keeps buddy
+    tiling (no placement variables)."""
+    from dcp_opt.solvers.cpsat_model import placement_starts
+    from dcp_opt.solvers.greedy_steps import make_instance
+
+    c = cluster_preset("gb200-nvl72")
+    cost = CostModel(model_preset("opensora-stdit3-xl"), c)
+    batch = Batch(tuple(Sequence(i, (16, 48 + 16 * (i % 5), 64)) for i in range(40)))
+    starts = placement_starts(make_instance(batch, cost), c)
+    assert starts is not None and starts[list(c.allowed_degrees).index(36)] == (0, 36)
+    h = CostModel(model_preset("llama-7b"), cluster_preset("h100x64"))
+    assert placement_starts(make_instance(_batch_of(8), h), h.cluster) is None
+    res = run_planner("cpsat", batch, cost, time_limit_s=2.0, deterministic=True)
+    greedy = run_planner("greedy", batch, cost)
+    assert res.status != "fallback", res.message
+    assert validate(res.plan, batch, cost) == []
+    assert all(c.is_placement(g.start_rank, g.degree) for p in res.plan.phases for g in p.groups)
+    assert res.predicted_step_time_s <= greedy.predicted_step_time_s * (1 + 1e-9)
+
+
+def _batch_of(n: int) -> Batch:
+    return Batch(tuple(Sequence(i, (4096 * (i + 1),)) for i in range(n)))
