@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, astuple, dataclass, field, replace
 
 import numpy as np
 
@@ -244,6 +244,9 @@ class CostModel:
     # the per-degree tables (table.py) and bounds take the least over the kinds, and greedy
     # and cpsat choose each group's kind. Every figure of a given kind is the same either way.
     sp_kinds: tuple[str, ...] = ("ulysses",)
+    # cp's collectives as a profile measured them (cp_cost.CPMeasurement per group size;
+    # empty: the cluster's rates). Used by cp groups inside a node (cp_cost, Measured rates).
+    cp_comm: tuple = ()
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
     # Whether grad_reduce_bytes_per_param was left to the mode (set in __post_init__)
     _reduce_follows_mode: bool = field(default=False, init=False, compare=False, repr=False)
@@ -263,6 +266,7 @@ class CostModel:
         self._resolve_reduce_bytes()
         self._check_knobs()
         self._check_sp_kinds()
+        object.__setattr__(self, "cp_comm", cp_cost.check_measurements(self.cp_comm))
         missing = set(self.model.block_types) - set(self.coeffs.blocks)
         if missing:
             raise DcpOptError(
@@ -509,6 +513,8 @@ class CostModel:
         if np.ndim(speed) or speed != 1:  # x / 1.0 == x: skip two passes at full speed
             compute, recompute = compute / speed, recompute / speed
         comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
+        if kind == "cp":  # a measured reduce-scatter: the backward at its own rate (cp_cost)
+            comm = comm + cp_cost.backward_extra(self, tokens, d, spans_nodes, L, layer_comm)
         return compute, recompute, comm
 
     @property
@@ -692,6 +698,8 @@ class CostModel:
             payload["closing_step_s"] = self.closing_step_s
         if self.sp_kinds != ("ulysses",):  # plans for cp-capable planners differ
             payload["sp_kinds"] = list(self.sp_kinds)
+        if self.cp_comm:
+            payload["cp_comm"] = [list(astuple(m)) for m in self.cp_comm]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -29,6 +29,18 @@ Across nodes (two-level model): the ring's node-crossing edge runs at the NIC ra
 the pace of every step; inside a node NVLink's. With a topology: the ring's most loaded link
 (topology.comm.group_ring) and the farthest pair's latency (as the all-to-all's).
 
+Measured rates (optional; CostModel.cp_comm, from a profile: runtime/profile/fit.py
+measure_cp_collectives). A CPMeasurement per group size holds what the runtime's own two
+collectives took on the profiled host, fitted as time = latency (per call) + bytes sent per rank
+/ bandwidth: the forward's all-gather and the backward's reduce-scatter (runtime/cp.py writes
+the latter as an all-to-all and a sum; it moves a ring reduce-scatter's bytes). When present,
+a group inside a node (two-level cluster) pays the measurement of its degree, or of the largest
+measured group when its degree was not measured (as profile_io's use_measured_a2a does), with
+the latency per ring step lat / (g - 1) of the measured size g; backward pays the
+reduce-scatter's fit (CostModel.time_parts_from: L layers at the backward rate, L + r at the
+forward's). Groups across nodes and topology clusters keep the rates above: one host measures
+no NIC.
+
 Overlap: none. The Llama 3 report states the all-gather "is exposed in the critical path"
 (sec. 3.3.2) and argues it is small under GQA; the runtime likewise gathers before attention.
 
@@ -39,11 +51,53 @@ already holds), also in the one working layer (Korthikanti et al. 2022's account
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import DcpOptError
 
 SP_KINDS = ("ulysses", "cp")
+
+
+@dataclass(frozen=True)
+class CPMeasurement:
+    """cp's two collectives at one group size (module doc, Measured rates): each time =
+    latency_s (per call) + bytes sent per rank ((d-1)/d of the gathered buffer) / bandwidth."""
+
+    group_size: int
+    all_gather_bandwidth_bytes_per_s: float
+    all_gather_latency_s: float
+    reduce_scatter_bandwidth_bytes_per_s: float
+    reduce_scatter_latency_s: float
+
+    def rates(self, collective: str) -> tuple[float, float]:
+        """(bandwidth, latency per call) of "all_gather" or "reduce_scatter"."""
+        return (
+            getattr(self, f"{collective}_bandwidth_bytes_per_s"),
+            getattr(self, f"{collective}_latency_s"),
+        )
+
+
+def check_measurements(items) -> tuple[CPMeasurement, ...]:
+    """CostModel.cp_comm checked: CPMeasurements of distinct group sizes >= 2, bandwidths
+    finite > 0, latencies finite >= 0; sorted by group size."""
+    items = tuple(items)
+    ok = all(
+        isinstance(m, CPMeasurement)
+        and isinstance(m.group_size, int)
+        and m.group_size >= 2
+        and all(math.isfinite(b) and b > 0 and math.isfinite(lat) and lat >= 0
+                for b, lat in (m.rates("all_gather"), m.rates("reduce_scatter")))
+        for m in items
+    )  # fmt: skip
+    if not ok or len({m.group_size for m in items}) != len(items):
+        raise DcpOptError(
+            f"cp_comm: must be CPMeasurements of distinct group sizes >= 2 with finite "
+            f"bandwidths > 0 and latencies >= 0, got {items!r}"
+        )
+    return tuple(sorted(items, key=lambda m: m.group_size))
 
 
 def check_kind(model, kind: str) -> None:
@@ -68,10 +122,11 @@ def extra_act_bytes(model, d):
     return (np.asarray(d, dtype=float) - 1) * kv_bytes_per_token(model)
 
 
-def comm_time_per_layer(cost, tokens, d, spans_nodes):
+def comm_time_per_layer(cost, tokens, d, spans_nodes, collective: str = "all_gather"):
     """All-gather seconds of one layer's forward under cp (backward's reduce-scatter pays the
-    same), elementwise like CostModel.comm_time_per_layer: `spans_nodes` is a bool (two-level)
-    or a comm class (topology; None = the cheapest class of the degree)."""
+    same unless measured: `collective="reduce_scatter"`), elementwise like
+    CostModel.comm_time_per_layer: `spans_nodes` is a bool (two-level) or a comm class
+    (topology; None = the cheapest class of the degree)."""
     c = cost.cluster
     d = np.asarray(d)
     tokens = np.asarray(tokens, dtype=float)
@@ -83,7 +138,34 @@ def comm_time_per_layer(cost, tokens, d, spans_nodes):
     spans = np.asarray(spans_nodes) & (d > 1)
     bw = np.where(spans, c.inter_node_bw, c.intra_node_bw)
     lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+    measured = getattr(cost, "cp_comm", ())
+    if measured:  # the profile's rates inside a node (module doc, Measured rates)
+        m_bw, m_lat = _measured_rates(measured, d, collective)
+        bw, lat = np.where(spans, bw, m_bw), np.where(spans, lat, m_lat)
     return sent / bw + lat * (d - 1)  # one call: d-1 ring steps, each one latency
+
+
+def _measured_rates(measured, d, collective: str):
+    """(bandwidth, latency per ring step) of each degree in `d` from the measurements: its
+    own group size's, else the largest measured."""
+    by = {m.group_size: m.rates(collective) for m in measured}
+    largest = measured[-1].group_size
+
+    def one(x):
+        g = int(x) if int(x) in by else largest
+        bw, lat = by[g]
+        return bw, lat / (g - 1)
+
+    bw, lat = np.vectorize(one, otypes=[float, float])(np.asarray(d))
+    return bw, lat
+
+
+def backward_extra(cost, tokens, d, spans_nodes, L, forward):
+    """What the L backward reduce-scatters cost beyond L forward-rate calls (0 unless
+    measured rates are set: the unmeasured model charges both at one rate)."""
+    if not getattr(cost, "cp_comm", ()):
+        return 0.0
+    return L * (comm_time_per_layer(cost, tokens, d, spans_nodes, "reduce_scatter") - forward)
 
 
 def _topology_rates(cluster, d, placement):

@@ -3,7 +3,8 @@
 A profile records what was measured (device, date, torch version, thread count), for which
 model (a fingerprint of everything that decides one layer's cost: depth is extrapolated, so
 `num_layers` is not part of it), the fitted `CostCoefficients`, the fit report, and optionally
-the all-to-all bandwidth measured per group size. Loading checks every field and names the
+the all-to-all bandwidth measured per group size and (schema 2) cp's all-gather and
+reduce-scatter per group size (`cp`). A profile without cp is written as schema 1, as before. Loading checks every field and names the
 one at fault, so a stale or hand-edited file fails loudly instead of planning with nonsense.
 
     profile = load_profile("tiny-lm.profile.json", model=spec)   # -> Profile
@@ -24,10 +25,12 @@ from typing import Any
 
 from .cluster import Cluster
 from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
+from .cp_cost import CPMeasurement
 from .errors import DcpOptError, loads_json
 from .model import ModelSpec
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2  # 2: the optional `cp` measurements
+READS_SCHEMA_VERSIONS = (1, 2)  # a version-1 profile is a version 2 without `cp`
 PROFILE_KIND = "dcp_opt.profile"
 # What decides one layer's cost; name, depth and parameter count do not.
 _LAYER_FIELDS = (
@@ -198,6 +201,7 @@ class Profile:
     method: dict[str, Any] = field(default_factory=dict)
     runtime: RuntimeCalibration | None = None
     schema_version: int = PROFILE_SCHEMA_VERSION
+    cp: tuple[CPMeasurement, ...] = ()
 
     @property
     def model_fingerprint(self) -> str:
@@ -205,7 +209,8 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {
-            "schema_version": self.schema_version,
+            # the lowest version that holds it: a profile without cp stays readable as 1
+            "schema_version": PROFILE_SCHEMA_VERSION if self.cp else 1,
             "kind": PROFILE_KIND,
             "device": self.device,
             "date": self.date,
@@ -214,6 +219,7 @@ class Profile:
             "coefficients": self.coefficients.to_dict(),
             "fit": self.fit,
             "a2a": [asdict(a) for a in self.a2a],
+            **({"cp": [asdict(m) for m in self.cp]} if self.cp else {}),
             "method": self.method,
             **({} if self.runtime is None else {"runtime": self.runtime.to_dict()}),
         }
@@ -254,10 +260,10 @@ def profile_from_dict(d: Any) -> Profile:
     if not isinstance(d, dict):
         raise ProfileError(f"profile: expected a JSON object, got {type(d).__name__}")
     version = _get(d, "schema_version", int, "profile")
-    if version != PROFILE_SCHEMA_VERSION:
+    if version not in READS_SCHEMA_VERSIONS:
         raise ProfileError(
             f"profile.schema_version: {version} not supported; "
-            f"this dcp_opt reads {PROFILE_SCHEMA_VERSION}"
+            f"this dcp_opt reads {list(READS_SCHEMA_VERSIONS)}"
         )
     kind = _get(d, "kind", str, "profile")
     if kind != PROFILE_KIND:
@@ -283,6 +289,7 @@ def profile_from_dict(d: Any) -> Profile:
         date=_get(d, "date", str, "profile"),
         fit=d.get("fit", {}) if isinstance(d.get("fit", {}), dict) else {},
         a2a=_parse_a2a(d.get("a2a", [])),
+        cp=_parse_cp(d.get("cp", [])),
         method=d.get("method", {}) if isinstance(d.get("method", {}), dict) else {},
         runtime=runtime,
     )
@@ -316,7 +323,9 @@ def cost_model_from_profile(
 
     With `use_measured_a2a`, the cluster's intra-node bandwidth and per-peer latency are
     replaced by the profile's all-to-all measurement of its largest group size, or, when the
-    profile has a runtime calibration with an in-situ all-to-all fit, by that fit.
+    profile has a runtime calibration with an in-situ all-to-all fit, by that fit; and cp
+    groups inside a node pay the profile's measured all-gather and reduce-scatter
+    (`CostModel.cp_comm`, dcp_opt/cp_cost.py) when it has them (else the rates above).
     A runtime calibration (`Profile.runtime`) is applied unless `use_runtime_calibration`
     is False; when the cluster has the calibrated world size and `grad_reduce_bytes_per_param`
     is not given, the gradient sync is set to the measured one. The calibration's knobs
@@ -338,6 +347,8 @@ def cost_model_from_profile(
             intra_node_bw=a.bandwidth_bytes_per_s,
             intra_node_latency_s=a.latency_s / (a.group_size - 1),
         )
+    if use_measured_a2a and prof.cp:
+        cost_kw.setdefault("cp_comm", prof.cp)
     if cal is not None and cluster.num_gpus == cal.world:
         cost_kw.setdefault(
             "grad_reduce_bytes_per_param", cal.grad_reduce_bytes_per_param(model, cluster)
@@ -418,6 +429,25 @@ def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
         if size < 2 or bw <= 0:
             raise ProfileError(f"{where}: needs group_size >= 2 and bandwidth > 0, got {a}")
         out.append(A2AMeasurement(size, bw, _number(a, "latency_s", where)))
+    return tuple(out)
+
+
+def _parse_cp(items: Any) -> tuple[CPMeasurement, ...]:
+    if not isinstance(items, list):
+        raise ProfileError(f"profile.cp: expected a list, got {type(items).__name__}")
+    out = []
+    for i, a in enumerate(items):
+        where = f"profile.cp[{i}]"
+        if not isinstance(a, dict):
+            raise ProfileError(f"{where}: expected an object, got {type(a).__name__}")
+        vals = {f.name: _number(a, f.name, where, integer=f.name == "group_size")
+                for f in fields(CPMeasurement)}  # fmt: skip
+        bws = [v for k, v in vals.items() if k.endswith("bandwidth_bytes_per_s")]
+        if vals["group_size"] < 2 or min(bws) <= 0:
+            raise ProfileError(f"{where}: needs group_size >= 2 and bandwidths > 0, got {a}")
+        out.append(CPMeasurement(**vals))
+    if len({m.group_size for m in out}) != len(out):
+        raise ProfileError(f"profile.cp: group sizes must be distinct, got {items}")
     return tuple(out)
 
 

@@ -58,13 +58,15 @@ def shard_stream(whole: dict, lengths: list[int], sp: SPGroup) -> tuple[dict, di
     return {k: v[mine] for k, v in padded.items()}, padded, layout
 
 
-def _all_gather_raw(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+def all_gather_raw(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+    """Every member's `x` concatenated along dim 0 in member order (the forward's gather;
+    the profiler times this call: runtime/profile/fit.py measure_cp_collectives)."""
     parts = [torch.empty_like(x) for _ in range(sp.degree)]
     dist.all_gather(parts, x.contiguous(), group=sp.group)
     return torch.cat(parts)
 
 
-def _reduce_scatter_raw(g: torch.Tensor, sp: SPGroup) -> torch.Tensor:
+def reduce_scatter_raw(g: torch.Tensor, sp: SPGroup) -> torch.Tensor:
     """Member r gets sum over members j of their gradient for r's rows (dim 0), in member
     order: an all-to-all of the d row blocks, then a sum."""
     send = g.reshape(sp.degree, g.shape[0] // sp.degree, *g.shape[1:]).contiguous()
@@ -80,11 +82,11 @@ class _GatherTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sp):
         ctx.sp = sp
-        return _all_gather_raw(x, sp)
+        return all_gather_raw(x, sp)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter_raw(grad, ctx.sp), None
+        return reduce_scatter_raw(grad, ctx.sp), None
 
 
 def gather_tokens(x: torch.Tensor, sp: SPGroup) -> torch.Tensor:

@@ -19,6 +19,7 @@ Torch is imported only when the command runs (`import dcp_opt` stays torch-free)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -50,7 +51,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--quick", action="store_true", help="a small grid (tests, smoke runs)")
-    p.add_argument("--a2a-world", type=int, default=0, help="measure local gloo all-to-all")
+    p.add_argument(
+        "--a2a-world", type=int, default=0, help="measure local gloo all-to-all and cp collectives"
+    )
     p.add_argument(
         "--calibrate-world",
         type=int,
@@ -171,11 +174,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             if m is not None:
                 m.module.to("cuda")
     cache = None if args.no_cache else (args.cache or str(out) + ".points.json")
-    a2a = ()
-    if args.a2a_world:
-        from dcp_opt.runtime.profile.fit import measure_a2a_local
+    a2a = cp = ()
+    if args.a2a_world:  # all-to-all and cp's all-gather / reduce-scatter (profile schema 2)
+        from dcp_opt.runtime.profile.fit import measure_comm_local
 
-        a2a = measure_a2a_local(args.a2a_world)
+        a2a, cp = measure_comm_local(args.a2a_world)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prof = profile_model(
@@ -187,6 +190,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             a2a=a2a,
         )
+    prof = dataclasses.replace(prof, cp=cp)
     if args.calibrate_world:
         prof = _calibrate(args, prof)
     save_profile(prof, out, force=args.force)

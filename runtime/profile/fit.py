@@ -6,7 +6,8 @@ checkpoint bytes per token from those with recompute on. A 2D layer holds both b
 activations (their sum), but a checkpointed layer keeps only its input, which is the first
 block's input. The head's per-token time and constant give `head_*_per_token_s` and
 `microbatch_overhead_s`. The all-to-all volume per token per layer is analytic (cost.py,
-DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists.
+DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists,
+and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cp_cost.py, Measured rates).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import torch
@@ -21,6 +23,7 @@ from scipy.optimize import nnls
 
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
+from dcp_opt.cp_cost import CPMeasurement
 from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
 from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration, utc_now
 
@@ -124,6 +127,41 @@ def _fit_head(points: list, report: dict, kw: dict) -> dict:
     return {"fwd": f.coef, "bwd": b.coef, "bytes": m.coef[0]}
 
 
+def _device():
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _timed(call, group, repeats: int) -> float:
+    """Median seconds of `call()` over `repeats` (after one warm-up), the group's slowest."""
+    import torch.distributed as dist
+
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        call()
+        if i:
+            times.append(time.perf_counter() - t0)
+    t = torch.tensor(statistics.median(times))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # the group waits for the slowest
+    return float(t)
+
+
+def _fit_rates(xs, ys, label: str, group) -> tuple[float, float]:
+    """(bandwidth, latency per call) of time = latency + bytes_sent / bandwidth."""
+    import torch.distributed as dist
+
+    fit = fit_nonneg(
+        xs, ys, ("latency", "inv_bw"), label=label, holdout_fraction=0.0,
+        warn=dist.get_rank(group) == 0,
+    )  # fmt: skip
+    return 1.0 / max(fit.coef[1], 1e-15), fit.coef[0]
+
+
 def measure_all_to_all(
     group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeats: int = 7
 ):
@@ -132,38 +170,45 @@ def measure_all_to_all(
     Every rank of the group must call it. Bytes sent per rank = (d-1)/d of its buffer."""
     import torch.distributed as dist
 
-    d = dist.get_world_size(group)
-    dev = (
-        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    )
+    d, dev = dist.get_world_size(group), _device()
     xs, ys = [], []
     for nbytes in sizes_bytes:
         n = max(d, nbytes // 4 // d * d)
         send, recv = torch.ones(n, device=dev), torch.empty(n, device=dev)
-        times = []
-        for i in range(repeats + 1):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            dist.all_to_all_single(recv, send, group=group)
-            if i:
-                times.append(time.perf_counter() - t0)
-        t = torch.tensor(statistics.median(times))
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)  # the group waits for the slowest
+        ys.append(_timed(partial(dist.all_to_all_single, recv, send, group=group), group, repeats))
         xs.append([1.0, n * 4 * (d - 1) / d])
-        ys.append(float(t))
-    fit = fit_nonneg(
-        xs,
-        ys,
-        ("latency", "inv_bw"),
-        label=f"a2a[{d}]",
-        holdout_fraction=0.0,
-        warn=dist.get_rank(group) == 0,
-    )
-    inv_bw = max(fit.coef[1], 1e-15)
-    return A2AMeasurement(d, 1.0 / inv_bw, fit.coef[0])
+    bw, lat = _fit_rates(xs, ys, f"a2a[{d}]", group)
+    return A2AMeasurement(d, bw, lat)
 
 
-def _a2a_worker(rank: int, world: int, port: int, sizes, queue) -> None:
+def measure_cp_collectives(
+    group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeats: int = 7
+) -> CPMeasurement:
+    """CPMeasurement of `group` (default: the world): the runtime's own cp collectives
+    (runtime/cp.py all_gather_raw of K/V, reduce_scatter_raw of dK/dV), each fitted as
+    time = latency + bytes_sent / bw with bytes sent per rank = (d-1)/d of the gathered
+    buffer (dcp_opt/cp_cost.py). `sizes_bytes`: gathered buffer sizes. Every rank calls it."""
+    import torch.distributed as dist
+
+    from ..cp import all_gather_raw, reduce_scatter_raw
+    from ..sp import SPGroup
+
+    d, dev = dist.get_world_size(group), _device()
+    sp = SPGroup(group, d, dist.get_rank(group))
+    xs, ag, rs = [], [], []
+    for nbytes in sizes_bytes:
+        n = max(d, nbytes // 4 // d * d)  # float32 elements of the gathered buffer
+        part, whole = torch.ones(n // d, device=dev), torch.ones(n, device=dev)
+        ag.append(_timed(partial(all_gather_raw, part, sp), group, repeats))
+        rs.append(_timed(partial(reduce_scatter_raw, whole, sp), group, repeats))
+        xs.append([1.0, n * 4 * (d - 1) / d])
+    return CPMeasurement(
+        d, *_fit_rates(xs, ag, f"cp.all_gather[{d}]", group),
+        *_fit_rates(xs, rs, f"cp.reduce_scatter[{d}]", group),
+    )  # fmt: skip
+
+
+def _a2a_worker(rank: int, world: int, port: int, sizes, queue, with_cp: bool, nbytes) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(
@@ -171,28 +216,34 @@ def _a2a_worker(rank: int, world: int, port: int, sizes, queue) -> None:
     )
     try:
         torch.set_num_threads(1)
-        out = []
+        a2a, cp = [], []
         for d in sizes:
             group = dist.new_group(list(range(d)))  # every rank creates every group
             if rank < d:
-                m = measure_all_to_all(group)
-                if rank == 0:
-                    out.append(m)
+                kw = {} if nbytes is None else {"sizes_bytes": nbytes}
+                a2a.append(measure_all_to_all(group, **kw))
+                if with_cp:
+                    cp.append(measure_cp_collectives(group, **kw))
         if rank == 0:
-            queue.put(out)
+            queue.put((a2a, cp))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def measure_a2a_local(world: int, *, timeout_s: float = 120.0) -> tuple[A2AMeasurement, ...]:
-    """Spawn `world` gloo processes on this host; all-to-all of every group size 2..world."""
+def measure_comm_local(
+    world: int, *, timeout_s: float = 120.0, cp: bool = True, sizes_bytes=None
+) -> tuple[tuple[A2AMeasurement, ...], tuple[CPMeasurement, ...]]:
+    """Spawn `world` gloo processes on this host; all-to-all and (with `cp`) cp's all-gather
+    and reduce-scatter of every group size 2, 4, ... and `world` (the degrees the runtime
+    runs on this host). Returns (a2a, cp) measurements, both empty below world 2.
+    `sizes_bytes`: the buffer sizes to time (default: the measure_* functions')."""
     import socket
 
     import torch.multiprocessing as mp
 
     if world < 2:
-        return ()
+        return (), ()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -200,17 +251,40 @@ def measure_a2a_local(world: int, *, timeout_s: float = 120.0) -> tuple[A2AMeasu
     queue = ctx.Queue()
     sizes = [d for d in (2, 4, 8, 16, 32, 64) if d < world] + [world]
     procs = [
-        ctx.Process(target=_a2a_worker, args=(r, world, port, sizes, queue)) for r in range(world)
+        ctx.Process(target=_a2a_worker, args=(r, world, port, sizes, queue, cp, sizes_bytes))
+        for r in range(world)
     ]
     for p in procs:
         p.start()
     try:
-        return tuple(queue.get(timeout=timeout_s))
+        a2a, cps = _result(queue, procs, timeout_s)
+        return tuple(a2a), tuple(cps)
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
+
+
+def _result(queue, procs, timeout_s: float):
+    """rank 0's result; a worker that dies first (an import error, a crash) fails at once
+    instead of after the whole timeout."""
+    import queue as queue_mod
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=1.0)
+        except queue_mod.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"measure_comm_local: a worker exited with {dead[0]}") from None
+    raise TimeoutError(f"measure_comm_local: no result within {timeout_s} s")
+
+
+def measure_a2a_local(world: int, *, timeout_s: float = 120.0) -> tuple[A2AMeasurement, ...]:
+    """Spawn `world` gloo processes on this host; all-to-all of every group size 2..world."""
+    return measure_comm_local(world, timeout_s=timeout_s, cp=False)[0]
 
 
 # ---- runtime calibration: the isolated profile against a real run of the executor ----------
