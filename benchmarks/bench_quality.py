@@ -10,7 +10,9 @@ simulates each plan, and takes the tightest bound), so the figures match `dcp-op
 --batches 20`. Per workload, with the targets of issue 3 (PASS / FAIL):
   bound ratio     median of cpsat step time / tightest bound    <= 1.10 (2D), <= 1.15 (1D)
   slower          batches where cpsat is slower than the best of the other planners  0
-  vs pac          median per-batch speedup over dcp_inter_pac  >= 1.20 (2D), >= 1.08 (1D)
+  vs pac          median per-batch speedup over dcp_inter_pac  >= 1.20 (2D), >= 1.08 (1D),
+                  in the one-batch framing (below): a regression check of the planner, not
+                  the gain a user sees over the published method
   vs static       median per-batch speedup over static_tuned   (reported, no target)
   online vs long  with --long-batches N > 0: the first N batches planned again by CP-SAT
                   with --long-budget seconds; max over them of online / long - 1  <= 2%
@@ -18,7 +20,18 @@ simulates each plan, and takes the tightest bound), so the figures match `dcp-op
                   counts CP-SAT's deterministic time instead of wall time)
 cpsat runs as online (its default options, or `--budget`); a machine under load gives it less
 search, which only makes its figures conservative.
-JSON: {"config", "rows": [one per workload: workload, kind, num_batches, bound_ratio_median,
+
+Framing (ONE_BATCH_FRAMING, dcp_opt/analysis/bench_display.py): every figure here is one fixed
+2M-token batch per optimizer step, and dcp_inter_pac is "the published profile forced into a
+fixed batch" (memory cap 0.9, no drop_last, PAC's minimum accumulation 2, one step per batch),
+not PAC as published, which forms its own 7-25M-token steps over an epoch and none from one
+such batch. So "vs pac" (issue 3's target) says how the planner does on one batch against
+that forced form; it is not a throughput gain at fixed training semantics. The honest
+comparison is the stream benchmark (`dcp-opt bench --stream`, dcp_opt/analysis/stream.py;
+benchmarks/results/stream.txt; docs/baselines.md "What a user gains"): at the published PAC's
+own median step, nothing dropped, the project's planner is 1.05-1.14x over published PAC on
+the 2D workloads, 1.22-1.33x on 1D, within 0.4-2 % of the stream bound.
+JSON: {"config", "framing" (ONE_BATCH_FRAMING), "rows": [one per workload: workload, kind, num_batches, bound_ratio_median,
 bound_ratio_max, slower_count, slower_batches ([seed, planner, ratio]), speedup_vs_pac_median,
 speedup_vs_static_median, long ([seed, online_s, long_s, ratio]), online_vs_long_max,
 checks ({name: {"value", "target", "pass"}})], "all_pass", "wall_time_s"}.
@@ -36,6 +49,7 @@ from dcp_opt.solvers import BASELINES, run_planner
 
 from dcp_opt import CostModel, cluster_preset, model_preset, standard_batch
 from dcp_opt.analysis.bench import BenchConfig, run_bench
+from dcp_opt.analysis.bench_display import ONE_BATCH_FRAMING
 from dcp_opt.workloads import STANDARD_WORKLOADS, Workload
 
 CLUSTER = "h200x32"
@@ -145,7 +159,7 @@ def _fmt(x, spec: str) -> str:
 
 def print_table(rows: list[dict]) -> None:
     print(
-        f"{'workload':12} {'bound ratio':<20} {'slower':<12}{'vs dcp_inter_pac':<21}"
+        f"{'workload':12} {'bound ratio':<20} {'slower':<12}{'vs pac (one batch)':<21}"
         f"{'vs static':>9}  online vs long (<= 2%)"
     )
     for r in rows:
@@ -200,12 +214,13 @@ def main(argv=None) -> int:
             add_long(row, long)
             print(f"long solves done: {w}", flush=True)
     print_table(rows)
+    print(f"vs pac: {ONE_BATCH_FRAMING}")
     all_pass = all(c["pass"] for r in rows for c in r["checks"].values())
     wall = time.perf_counter() - started
     print(f"all targets {'PASS' if all_pass else 'FAIL'}; {wall:.0f} s")
     if a.json:
         cfg = {k: v for k, v in vars(a).items() if k != "json"}
-        out = {"config": {**cfg, "cluster": CLUSTER}, "rows": rows}
+        out = {"config": {**cfg, "cluster": CLUSTER}, "framing": ONE_BATCH_FRAMING, "rows": rows}
         out.update(all_pass=all_pass, wall_time_s=wall, bench_warnings=doc["warnings"])
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -22,6 +22,7 @@ from dcp_opt.analysis.stream import (
     run_stream,
     stream_epoch,
 )
+from dcp_opt.analysis.stream_frameworks import FRAMEWORKS, framework_runs
 from dcp_opt.cli import main
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import DcpOptError
@@ -114,7 +115,7 @@ ROW_KEYS = {
     "workload", "method", "family", "planner", "drop_last", "step_former", "target_tokens",
     "num_steps", "trained_tokens", "dropped_tokens", "dropped_share", "epoch_time_s",
     "tokens_per_s", "step_tokens", "step_time_s", "planning_s", "planning_ms_per_step",
-    "bound_s", "gap_to_bound", "speedup_vs_bucket", "speedup_vs_pac",
+    "bound_s", "gap_to_bound", "speedup_vs_bucket", "speedup_vs_pac", "sp_kinds",
 }  # fmt: skip
 
 
@@ -140,11 +141,37 @@ def test_cli_quick_json(tmp_path):
     bucket = next(r for r in doc["methods"] if r["method"] == "bucket")
     assert bucket["speedup_vs_bucket"] == pytest.approx(1.0)
     assert doc["fidelity"] == []  # the paper has no 1D figures
+    _check_framework_rows(doc["methods"])
     for m in doc["matched"]:
         assert set(m) == MATCHED_KEYS
         # no plan beats the stream bound: the planner's ratio stays below the bound's
         if m["bound_vs_pac"] is not None:
             assert m["vs_pac"] <= m["bound_vs_pac"] * (1 + 1e-9)
+
+
+def _check_framework_rows(rows: list[dict]) -> None:
+    """issue 16 item 5: megatron_dynamic_cp and verl_balanced at each step size the project's
+    planner runs, on a cost model offering both kinds, none under the stream bound; greedy
+    there (greedy[cp]) may always choose Ulysses, so it is never slower than Ulysses-only."""
+    by = {r["method"]: r for r in rows}
+    sizes = [m.split("@", 1)[1] for m in by if m.startswith("greedy@")]
+    assert sizes
+    for size in sizes:
+        for name in FRAMEWORKS:
+            r = by[f"{name}@{size}"]
+            assert r["family"] == "framework" and r["sp_kinds"] == ["ulysses", "cp"]
+            assert r["dropped_tokens"] == 0 and r["epoch_time_s"] >= r["bound_s"] * (1 - 1e-9)
+        cp, ulysses = by[f"greedy[cp]@{size}"], by[f"greedy@{size}"]
+        assert cp["family"] == "project" and ulysses["sp_kinds"] == ["ulysses"]
+        assert cp["tokens_per_s"] >= ulysses["tokens_per_s"] * (1 - 1e-9)
+
+
+def test_frameworks_skip_2d_and_name_the_field():
+    with pytest.raises(DcpOptError, match="frameworks"):
+        StreamConfig(frameworks=("deepspeed",))
+    cfg = StreamConfig(workloads=("2d-long",))
+    assert framework_runs(cfg, "2d-long", None, None, {1: "1"}, steps_of=None, run_fixed=None,
+                          on_done=None) == []  # fmt: skip
 
 
 MATCHED_KEYS = {

@@ -80,6 +80,7 @@ from .stream_figures import (  # noqa: F401 (re-exported: the figures of a run)
     matched_rows,
     method_row,
 )
+from .stream_frameworks import FRAMEWORKS, count_runs, framework_runs
 
 STREAM_SCHEMA = "dcp-opt-stream/1"
 DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
@@ -116,6 +117,11 @@ class StreamConfig:
     memory_cap: float = 0.7
     former_max_shift: int = 2
     former_tolerance: float = 0.05
+    # 1D only (dcp_opt.analysis.stream_frameworks): the text frameworks and the project's
+    # planner on a cost model with both SP kinds, at framework_sizes (None: every size)
+    frameworks: tuple[str, ...] = FRAMEWORKS
+    cp_planner: str | None = "greedy"
+    framework_sizes: tuple[int, ...] | None = None
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
 
     def __post_init__(self) -> None:
@@ -129,6 +135,9 @@ class StreamConfig:
         unknown = [p for p in self.published if p not in PUBLISHED]
         if unknown:
             raise DcpOptError(f"published: {unknown} not allowed; allowed: {list(PUBLISHED)}")
+        unknown = [p for p in self.frameworks if p not in FRAMEWORKS]
+        if unknown:
+            raise DcpOptError(f"frameworks: {unknown} not allowed; allowed: {list(FRAMEWORKS)}")
 
 
 # --quick (CI): small epochs, one step size, greedy only; 2d-videosys is left out because
@@ -298,14 +307,14 @@ def _targets(config: StreamConfig, rows: list[dict]) -> dict[int, str]:
     return out
 
 
-def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
+def _project_runs(config, workload, epoch, cost, targets, notes, on_done):
     """The project's planners at every target size, without and with the step former."""
     out = []
     if not config.planners:
         return out
     k, e = config.former_max_shift, config.former_tolerance
     bounds: dict = {}
-    for target, label in _targets(config, rows).items():
+    for target, label in targets.items():
         data_steps = data_order_steps(epoch, target)
         try:
             former = former_steps(epoch, cost, target, k, e)
@@ -331,6 +340,7 @@ def _project_runs(config, workload, epoch, cost, rows, notes, on_done):
                     method_row(
                         workload, name, run, epoch, family="project", planner=planner,
                         drop_last=False, step_former=bool(tag), target_tokens=target,
+                        sp_kinds=list(cost.sp_kinds),
                     )
                 )  # fmt: skip
                 on_done(workload, name)
@@ -353,10 +363,16 @@ def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) 
                 method_row(
                     workload, name, run, epoch, family="published", planner=method,
                     drop_last=drop, step_former=False, target_tokens=None,
+                    sp_kinds=list(cost.sp_kinds),
                 )
             )  # fmt: skip
             on_done(workload, name)
-    rows += _project_runs(config, workload, epoch, cost, rows, notes or [], on_done)
+    targets = _targets(config, rows)
+    rows += _project_runs(config, workload, epoch, cost, targets, notes or [], on_done)
+    rows += framework_runs(
+        config, workload, epoch, cost, targets,
+        steps_of=data_order_steps, run_fixed=run_fixed, on_done=on_done,
+    )  # fmt: skip
     fill_speedups(rows)
     info = {
         "workload": workload,
@@ -384,7 +400,10 @@ def run_stream(
         + len(cheap) * (len(config.step_sizes) + 2) * 2
         + ("cpsat" in config.planners) * len(config.cpsat_sizes)
     )
-    on_start(per_workload * len(config.workloads))
+    n_1d = sum(w.startswith("1d") for w in config.workloads)
+    on_start(
+        per_workload * len(config.workloads) + n_1d * count_runs(config, len(config.step_sizes) + 2)
+    )
     epochs, rows, notes = [], [], []
     for w in config.workloads:
         info, rs = run_workload(config, w, costs[w[:2]], on_done, notes)

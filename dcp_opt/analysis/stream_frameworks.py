@@ -1,0 +1,79 @@
+"""The text frameworks' baselines on the stream (issue 16 item 5): `megatron_dynamic_cp` and
+`verl_balanced` over the 1D epochs of `dcp-opt bench --stream`, in the form their users run
+them, beside the project's planner with the same SP kinds.
+
+Framing (docs/stream.md, "Framework baselines"): both frameworks take a fixed global batch
+and decide only how it runs; neither forms its own optimizer steps from a stream.
+- verl's dynamic batch size cuts a fixed global batch (ppo_mini_batch_size) into balanced
+  micro-batches (verl/utils/seqlen_balancing.py, rearrange_micro_batches; solvers/verl.py);
+- Megatron-Core's dynamic CP schedules the sequences of a given global batch into CP groups
+  and micro-steps (data_schedule.py, get_groups_and_subsamples; solvers/megatron_cp.py).
+So each runs on the same fixed-size steps in data order as the project's planners
+(`<framework>@<size>`), every sample trained once. The cost model offers both SP kinds
+(CostModel.sp_kinds = ulysses + cp) for them: Megatron's groups are `cp` (its published kind,
+modelled as all-gather-KV: docs/cost-model.md), verl keeps Ulysses (its published kind). The
+project's greedy planner runs on the same steps and cost model, choosing the kind per group
+(`greedy[cp]@<size>`), so the three rows differ only in the planner. Their stream bound is the
+bound over both kinds (the per-step tables take the least over cost.sp_kinds).
+
+2D workloads are left out: neither framework serves a video DiT (solvers/megatron_cp.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .stream_figures import method_row
+
+FRAMEWORKS = ("megatron_dynamic_cp", "verl_balanced")
+CP_KINDS = ("ulysses", "cp")
+CP_TAG = "[cp]"  # the project planner's row on the cp-enabled cost model: greedy[cp]@size
+
+
+def framework_runs(
+    config,
+    workload: str,
+    epoch,
+    cost,
+    targets: dict[int, str],
+    *,
+    steps_of: Callable,
+    run_fixed: Callable,
+    on_done: Callable[[str, str], None],
+) -> list[dict]:
+    """Rows of the frameworks and of greedy on the cp-enabled cost model, at each target
+    step size of `config.framework_sizes` (None: every size the project's planners run)."""
+    if not workload.startswith("1d") or not (config.frameworks or config.cp_planner):
+        return []
+    cp_cost = cost.with_(sp_kinds=CP_KINDS)
+    sizes = config.framework_sizes
+    out = []
+    for target, label in targets.items():
+        if sizes is not None and target not in sizes and "median" not in label:
+            continue
+        steps = steps_of(epoch, target)
+        bound = "compute"  # one stream bound for these steps, shared by the three planners
+        planners = [(p, p, "framework") for p in config.frameworks]
+        if config.cp_planner:
+            planners.append((config.cp_planner, config.cp_planner + CP_TAG, "project"))
+        for planner, tag, family in planners:
+            name = f"{tag}@{label}"
+            run = run_fixed(epoch, cp_cost, planner, steps, {}, 0, bound=bound)
+            bound = run.bound_s
+            out.append(
+                method_row(
+                    workload, name, run, epoch, family=family, planner=planner,
+                    drop_last=False, step_former=False, target_tokens=target,
+                    sp_kinds=list(CP_KINDS),
+                )
+            )  # fmt: skip
+            on_done(workload, name)
+    return out
+
+
+def count_runs(config, sizes_per_workload: int) -> int:
+    """Rows framework_runs adds for one 1D workload (for the progress bar)."""
+    per_size = len(config.frameworks) + bool(config.cp_planner)
+    if config.framework_sizes is None:
+        return per_size * sizes_per_workload
+    return per_size * (len(config.framework_sizes) + 2)  # + the two published medians
