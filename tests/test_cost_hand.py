@@ -232,6 +232,9 @@ def test_degree_columns_match_each_degree_by_hand():
     assert fwd.shape == (2, 2) and close(fwd[:, 0], [FWD3, FWD6]) and close(bwd[:, 0], [BWD3, BWD6])
     # the second row alone (2, 1, 3): fwd at d = 3 = 1/2 (9 + 1.5) + 5 * 2 + 20/3 + 0.75
     assert close(fwd[0, 1], 5.25 + 10 + 20 / 3 + 0.75)
+    # another column on the same (memoised) model: its own rows, in its order
+    fwd, _ = cost.layer_times(feats, np.array([[6], [3]]))
+    assert close(fwd[:, 0], [FWD6, FWD3])
     r = np.array([[2, 0], [1, 0]])
     got = cost.time_by_degree(feats, np.array([3, 6]), r)
     # d = 6 with one recomputed layer: as test_a_group_across_nodes_by_hand
@@ -301,6 +304,9 @@ def test_ulysses_and_cp_layers_by_hand():
     assert close((cp.compute_s, cp.recompute_s), (2 * 35.5 + 0.06 + 0.7, 11.0))
     fwd, _ = cost.layer_times(np.array([[36.0, 6.0, 1.0]]), np.array([[4]]), "cp")
     assert close(fwd, [[11.0]])
+    # Ulysses at the same degree on the same (memoised) model keeps its own figure
+    fwd, _ = cost.layer_times(np.array([[36.0, 6.0, 1.0]]), np.array([[4]]))
+    assert close(fwd, [[12.5]])
     # Ulysses all-to-all at d = 4 (GQA, 2 kv heads of 6: the kv heads are repeated to 6,
     # model.ulysses_kv_heads, so the full 64 B): 64 * 6/4 * 3/4 = 72 bytes at 16 B/s, plus
     # 4 calls x 0.01 x 3 peers
