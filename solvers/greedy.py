@@ -32,6 +32,7 @@ from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
+from . import greedy_level
 from .common import finish, gc_paused
 from .greedy_rules import RULE_NAMES, rules, spec_bound
 from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import them here)
@@ -368,6 +369,7 @@ def search(inst: Instance, cluster) -> list[Draft]:
         if not close():
             _uniform_stage(inst, cluster, kept, bounds)
     _rule_stage(inst, cluster, kept)
+    _level_stage(inst, cluster, kept)
     # Refine: aim just under the best finish found (the grid is anchored on the bound, which
     # can sit far below what any plan reaches).
     for k, f in enumerate(() if close() else refine):
@@ -430,6 +432,14 @@ def _rule_stage(inst: Instance, cluster, kept: _Kept) -> None:
                 kept.keep(rule_draft(inst, cluster, spec, cutoff=kept.cutoff(rank)), how, rank)
 
 
+def _level_stage(inst: Instance, cluster, kept: _Kept) -> None:
+    """Overflow-first candidates (solvers/greedy_level.py) where the best is far from the
+    bound: a coarse packing levelled by running what does not fit first, wide."""
+    for k, (how, build) in enumerate(greedy_level.specs(inst, cluster, kept.best)):
+        rank = (2.7, k)
+        kept.keep(rule_draft(inst, cluster, build(), cutoff=kept.cutoff(rank)), how, rank)
+
+
 def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draft | None:
     """The draft of one rule (greedy_rules.rules: `spec` = its build()); None if it cannot
     finish before `cutoff` (or a sequence fits none of its groups)."""
@@ -447,6 +457,8 @@ def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
     if how[0] in RULE_NAMES:
         rule = next((r for r in rules(inst, cluster) if r[0] == how), None)
         return None if rule is None else rule_draft(inst, cluster, rule[2]())
+    if how[0] == "overflow-first":
+        return rule_draft(inst, cluster, greedy_level.build(inst, cluster, *how[1:]))
     if how[0] == "uniform":
         return uniform_draft(inst, cluster, how[1])
     if how[0] == "target":

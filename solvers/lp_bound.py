@@ -210,3 +210,134 @@ def lp_bound(
         best, calls = _bisect(lambda t: _lp_ok(dat, t), sep, hi, 12, start + time_limit_s)
         calls += 1
     return LPBound(max(best, lo) + sync, max(sep, lo) + sync, calls)
+
+
+# ---- the rank-assignment relaxation, solved as a mixed-integer program -------------------
+
+
+@dataclass(frozen=True)
+class RankBound:
+    value_s: float  # certified: finish bound + gradient sync
+    lp_s: float  # lp_bound's value, the floor
+    proven: bool  # the relaxation solved to optimality (else its dual bound at the limit)
+    integer_classes: int
+    classes: int
+    source: str = "rank-milp"
+
+
+def rank_bound(
+    batch: Batch, cost: CostModel, *, time_limit_s: float = 10.0, integer_share: float = 0.1
+) -> RankBound:
+    """A bound that sees the packing's granularity (issue 19: 24 videos of 9 s on 32 ranks).
+
+    Every valid plan runs each sequence i in one group of some degree d at a placement s of
+    cluster.placements(d) (validate()), and a rank's finish is at least the summed time of
+    the micro-batches it is a member of, each at least its constant plus the marginal time
+    of its sequences (lp_bound's big-sequence rows use the same fact). So T >= c_min +
+    sum_{(i, d, s) covering r} m_i(d) for every rank r, with y_{i,d,s} in {0, 1},
+    sum_{d,s} y = 1, and the work row sum y * work_i(d) <= capacity * T. Phases, their
+    order and idle waiting are left out, which can only lower the optimum: it is a
+    relaxation of every plan, any number of phases. (It is nearly exact on homogeneous
+    clusters: with phases ordered widest group first, every member of a group is free at
+    the same time.) Sequences with identical rows form one class (integer counts y_{k,d,s}
+    in [0, c_k]); a class whose longest time is under `integer_share` x the LP bound is
+    continuous (relaxing integrality only lowers the optimum). Sibling blocks of ranks that
+    the placements treat alike are ordered by load (swap them in any plan: a symmetry of the
+    relaxation). HiGHS' dual bound holds at the time limit too; max with lp_bound."""
+    from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
+    from scipy.sparse import lil_matrix  # noqa: PLC0415
+
+    lp = lp_bound(batch, cost, time_limit_s=min(0.3, time_limit_s))
+    sync = cost.grad_sync_time()
+    dat = _data(batch, cost)
+    cls = _classes(dat)
+    c = cost.cluster
+    pos = [(j, int(d), s) for j, d in enumerate(dat.deg) for s in c.placements(int(d))]
+    n_gpus, k_n, p_n = c.num_gpus, len(cls), len(pos)
+    nv = k_n * p_n + 1
+    first = [m[0] for m in cls]
+    m_kp = np.array([[dat.marg[i, j] for j, _, _ in pos] for i in first])  # (K, P)
+    w_kp = np.array([[dat.work[i, j] for j, _, _ in pos] for i in first])
+    ok = np.isfinite(m_kp) & np.isfinite(w_kp)
+    m_kp, w_kp = np.where(ok, m_kp, 0.0), np.where(ok, w_kp, 0.0)
+    count = np.array([len(m) for m in cls], dtype=float)
+    t0 = lp.value_s - sync
+    integer = np.array([m_kp[k][ok[k]].max(initial=0.0) >= integer_share * t0 for k in range(k_n)])
+    cover = np.zeros((n_gpus, p_n))
+    for p, (_, d, s) in enumerate(pos):
+        cover[s : s + d, p] = 1.0
+    sym = _sibling_pairs(pos, n_gpus)
+    a = lil_matrix((k_n + n_gpus + 1 + len(sym), nv))
+    lo, hi = np.zeros(a.shape[0]), np.zeros(a.shape[0])
+    for k in range(k_n):  # every member once
+        a[k, k * p_n : (k + 1) * p_n] = 1.0
+        lo[k] = hi[k] = count[k]
+    for r in range(n_gpus):  # each rank within T
+        a[k_n + r, : k_n * p_n] = (m_kp * cover[r][None, :]).ravel()
+        a[k_n + r, nv - 1] = -1.0
+        lo[k_n + r], hi[k_n + r] = -np.inf, -dat.c_min
+    row = k_n + n_gpus  # the work row
+    a[row, : k_n * p_n] = w_kp.ravel()
+    a[row, nv - 1] = -dat.capacity
+    lo[row], hi[row] = -np.inf, 0.0
+    for q, (left, right) in enumerate(sym):  # load(left block) >= load(right block)
+        diff = cover[left].sum(axis=0) - cover[right].sum(axis=0)
+        a[row + 1 + q, : k_n * p_n] = (m_kp * diff[None, :]).ravel()
+        lo[row + 1 + q], hi[row + 1 + q] = 0.0, np.inf
+    ub = np.append(np.where(ok, count[:, None], 0.0).ravel(), np.inf)
+    integrality = np.append(np.repeat(integer, p_n), False).astype(int)
+    obj = np.zeros(nv)
+    obj[-1] = 1.0
+    res = milp(
+        obj,
+        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nv), ub),
+        options={"time_limit": max(time_limit_s, 0.01), "disp": False},
+    )
+    dual = getattr(res, "mip_dual_bound", None)
+    finish = float(dual) if dual is not None and np.isfinite(dual) else 0.0
+    # HiGHS' row feasibility tolerance (1e-7 relative): keep a margin of its size
+    finish -= 1e-6 * abs(finish)
+    return RankBound(
+        max(finish + sync, lp.value_s),
+        lp.value_s,
+        res.status == 0,
+        int(integer.sum()),
+        k_n,
+    )
+
+
+def _classes(dat: _Data) -> list[list[int]]:
+    """Sequences with identical rows (time, marginal, work): interchangeable in the bound."""
+    groups: dict = {}
+    for i in range(dat.marg.shape[0]):
+        key = (dat.time[i].tobytes(), dat.marg[i].tobytes(), dat.work[i].tobytes())
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _sibling_pairs(pos: list, n_gpus: int) -> list[tuple[list[int], list[int]]]:
+    """Blocks [a, a + b) and [a + b, a + 2b) (b a power of two) that swapping maps the
+    placements onto themselves: every placement inside one has its mirror in the other, and
+    every other placement meeting them covers both or neither."""
+    have = {(d, s) for _, d, s in pos}
+    out = []
+    b = 1
+    while 2 * b <= n_gpus:
+        for a0 in range(0, n_gpus - 2 * b + 1, 2 * b):
+            if all(_mirrors(d, s, a0, b, have) for d, s in have):
+                out.append((list(range(a0, a0 + b)), list(range(a0 + b, a0 + 2 * b))))
+        b *= 2
+    return out
+
+
+def _mirrors(d: int, s: int, a0: int, b: int, have: set) -> bool:
+    end = s + d
+    if end <= a0 or s >= a0 + 2 * b or (s <= a0 and end >= a0 + 2 * b):
+        return True  # outside both, or covering both
+    if s >= a0 and end <= a0 + b:
+        return (d, s + b) in have
+    if s >= a0 + b and end <= a0 + 2 * b:
+        return (d, s - b) in have
+    return False  # straddles the two blocks partially
