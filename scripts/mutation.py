@@ -6,13 +6,19 @@ selection; writes a JSON summary of killed / survived / score per module.
     .venv/bin/python scripts/mutation.py --modules validate bounds --out mutation/
     .venv/bin/python scripts/mutation.py --modules executor --sample 40 --out mutation/
     .venv/bin/python scripts/mutation.py --modules cost --recheck tests/test_cost.py --out mutation/
+    .venv/bin/python scripts/mutation.py --modules tasks executor --at HEAD --out mutation/
 
 Each module is mutated in its own staged copy of the tree (dcp_opt/ with runtime/ and solvers/
 nested, as the installed package sees them, plus tests/), so the working tree is never
 touched. In-process modules run under `mutmut run` (one fork per mutant, only the tests that
-reach the mutated function). The runtime's executor and tasks run inside gloo worker processes
-that mutmut's coverage cannot see, so they take mutmut's mutants (its trampolined module) and
-run one pytest per mutant with MUTANT_UNDER_TEST set, which the workers inherit.
+reach the mutated function). The runtime's executor and tasks are checked in two stages: a
+fast in-process stage (`mutmut run` on their `fast_tests`, whose ranks are threads of torch's
+threaded process group, tests/local_world.py), then only that stage's survivors go to the
+slow selection, gloo worker processes that mutmut's coverage cannot see: one pytest per
+survivor with MUTANT_UNDER_TEST set, which the workers inherit. `--sample N` runs the slow
+selection alone on a seeded sample of N mutants (the earlier method); `--fast-only` stops
+after the fast stage. `--at REV` stages a committed revision (git archive) instead of the
+working tree, so a run measures a commit while others edit the tree.
 
 Score = killed / (mutants - equivalent); scripts/mutation_equivalent.json names the mutants
 shown equivalent or harmless, each with its reason (listed in docs/guarantees.md). A timeout
@@ -46,6 +52,8 @@ class Module:
     path: str  # as the package sees it: dcp_opt/...
     tests: tuple[str, ...]  # pytest arguments: the targeted selection, fastest killers first
     in_process: bool = True
+    # runtime modules: the in-process selection mutmut runs first (every mutant)
+    fast_tests: tuple[str, ...] = ()
 
 
 MODULES = {
@@ -95,6 +103,10 @@ MODULES = {
             "(planner_plans and world2) or volume or reference_loss",
         ),
         in_process=False,
+        fast_tests=(
+            "tests/test_executor_local.py",
+            "tests/test_runtime_equiv.py::test_task_reference_loss_is_the_definition",
+        ),
     ),
     "executor": Module(
         "dcp_opt/runtime/executor.py",
@@ -106,6 +118,7 @@ MODULES = {
             "tests/test_runtime_faults.py",
         ),
         in_process=False,
+        fast_tests=("tests/test_executor_local.py",),
     ),
 }
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 36: "timeout"}
@@ -119,15 +132,29 @@ def source_of(path: str) -> Path:
     return ROOT / path
 
 
-def stage(where: Path) -> None:
-    """A copy of the package as installed (runtime/ and solvers/ inside dcp_opt/) and tests."""
+def stage(where: Path, rev: str | None = None) -> None:
+    """A copy of the package as installed (runtime/ and solvers/ inside dcp_opt/) and tests,
+    from the working tree or, with `rev`, from that commit (git archive)."""
     if where.exists():
         shutil.rmtree(where)
+    root = ROOT
+    if rev is not None:
+        root = where.parent / f".{where.name}-{rev}"
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", rev, "dcp_opt", "runtime", "solvers", "tests"],
+            cwd=ROOT, capture_output=True, check=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "dcp_opt", where / "dcp_opt", ignore=ignore)
+    shutil.copytree(root / "dcp_opt", where / "dcp_opt", ignore=ignore)
     for inside, outside in NESTED.items():
-        shutil.copytree(ROOT / outside, where / inside, ignore=ignore)
-    shutil.copytree(ROOT / "tests", where / "tests", ignore=ignore)
+        shutil.copytree(root / outside, where / inside, ignore=ignore)
+    shutil.copytree(root / "tests", where / "tests", ignore=ignore)
+    if rev is not None:
+        shutil.rmtree(root)
 
 
 def mutmut_config(mod: Module) -> str:
@@ -147,7 +174,10 @@ def run_mutmut(where: Path, mod: Module, jobs: int) -> dict[str, str]:
     """mutant name -> status, from mutmut's own results file."""
     (where / "pyproject.toml").write_text(mutmut_config(mod))
     cmd = [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", str(jobs)]
-    log = subprocess.run(cmd, cwd=where, capture_output=True, text=True, check=False)
+    # one torch thread: forked children never inherit a busy OpenMP pool, and the machine's
+    # cores go to parallel mutants instead
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = subprocess.run(cmd, cwd=where, capture_output=True, text=True, check=False, env=env)
     (where / "mutmut.log").write_text(log.stdout[-20000:] + log.stderr[-20000:])
     meta = where / "mutants" / (mod.path + ".meta")
     if not meta.exists():
@@ -198,6 +228,40 @@ def run_subprocess(where: Path, mod: Module, jobs: int, sample: int | None) -> d
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         codes = list(pool.map(lambda n: _pytest(where, mod, n), names))
     return {n: STATUS.get(c, "killed") for n, c in zip(names, codes, strict=True)}
+
+
+def run_two_stage(where: Path, mod: Module, jobs: int, fast_only: bool) -> tuple[dict, dict]:
+    """Runtime modules, every mutant: mutmut in-process on `fast_tests`, then the survivors
+    (and mutants no fast test reached) one pytest each on the slow selection, in mutmut's
+    own mutated tree. Returns (status by mutant, per-stage counts and wall times)."""
+    started = time.perf_counter()
+    status = run_mutmut(where, replace(mod, tests=mod.fast_tests), jobs)
+    fast_s = time.perf_counter() - started
+    left = [n for n, s in status.items() if s in ("survived", "no tests")]
+    stages = {
+        "fast": {
+            "tests": list(mod.fast_tests),
+            "mutants": len(status),
+            "killed": len(status) - len(left),
+            "wall_s": round(fast_s, 1),
+        }
+    }
+    if fast_only or not left:
+        return status, stages
+    tree = where / "mutants"
+    if _pytest(tree, mod, "") != 0:
+        raise RuntimeError(f"{mod.path}: the slow selection fails without any mutant")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        codes = list(pool.map(lambda n: _pytest(tree, mod, n), left))
+    again = {n: STATUS.get(c, "killed") for n, c in zip(left, codes, strict=True)}
+    status.update(again)
+    stages["slow"] = {
+        "tests": list(mod.tests),
+        "mutants": len(left),
+        "killed": sum(s in ("killed", "timeout") for s in again.values()),
+        "wall_s": round(time.perf_counter() - started - fast_s, 1),
+    }
+    return status, stages
 
 
 def _pytest(where: Path, mod: Module, mutant: str, timeout_s: float = 600.0) -> int:
@@ -273,12 +337,26 @@ def _body(source: str, name: str) -> list[str]:
     return out
 
 
+def _short(rev: str) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modules", nargs="+", choices=sorted(MODULES), default=sorted(MODULES))
     p.add_argument("--out", default="mutation", help="folder for staged trees and summary.json")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--sample", type=int, help="runtime modules: run this many mutants, seeded")
+    p.add_argument(
+        "--fast-only",
+        action="store_true",
+        help="runtime modules: the in-process stage only (its survivors count as survived)",
+    )
+    p.add_argument(
+        "--at", metavar="REV", help="stage this git revision instead of the working tree"
+    )
     p.add_argument(
         "--recheck",
         nargs="*",
@@ -292,24 +370,31 @@ def main() -> int:
     all_equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
     summary_path = out / "summary.json"
     doc = json.loads(summary_path.read_text()) if summary_path.exists() else {"modules": {}}
-    doc["commit"] = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
+    doc["commit"] = _short(args.at or "HEAD")
     for name in args.modules:
         mod, where, started = MODULES[name], out / name, time.perf_counter()
+        stages, two_stage = None, not mod.in_process and args.sample is None
         if args.recheck is not None and mod.in_process:
             tests = tuple(args.recheck) or mod.tests
             status = recheck(where, replace(mod, tests=tests), args.jobs)
         elif mod.in_process:
-            stage(where)
+            stage(where, args.at)
             status = run_mutmut(where, mod, args.jobs)
+        elif two_stage:
+            stage(where, args.at)
+            status, stages = run_two_stage(where, mod, args.jobs, args.fast_only)
         else:
-            stage(where)
+            stage(where, args.at)
             status = run_subprocess(where, mod, args.jobs, args.sample)
-        source = (where / ("mutants" if mod.in_process else "") / mod.path).read_text()
+        trampolined = mod.in_process or two_stage
+        source = (where / ("mutants" if trampolined else "") / mod.path).read_text()
         row = summarise(mod, status, source, all_equivalent.get(mod.path, []))
         row["wall_s"] = round(time.perf_counter() - started, 1)
         row["sampled"] = None if mod.in_process else args.sample
+        if stages is not None:
+            row["stages"] = stages
+        if args.at is not None:
+            row["commit"] = _short(args.at)
         doc["modules"][name] = row
         summary_path.write_text(json.dumps(doc, indent=1) + "\n")
         print(
