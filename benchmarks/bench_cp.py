@@ -12,8 +12,9 @@ batches where it is slower than Ulysses-only greedy (the acceptance: 0), and the
 chose as shares of the GPU-time of its micro-batches (simulate's events, degree x seconds).
 Figures are the cost model's (FLOP presets): a one-batch framing, not the stream's.
 --map prints, per model, where each kind wins: cp time / Ulysses time of one sequence alone
-(each at its fewest recomputed layers that fit; "inf": only Ulysses fits, "-": neither) over
-length x degree.
+(each at its fewest recomputed layers that fit; "ulys only": only Ulysses fits, "-": neither)
+over length x degree (dcp_opt.analysis.kind_map, which `dcp-opt whatif --sp-kinds ulysses,cp`
+also writes).
 """
 
 from __future__ import annotations
@@ -44,11 +45,9 @@ def long_batch(seed: int, budget: int) -> Batch:
 
 
 def kind_shares(plan, batch, cost) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for e in simulate(plan, batch, cost).events:
-        out[e.kind] = out.get(e.kind, 0.0) + e.degree * (e.end_s - e.start_s)
-    total = sum(out.values()) or 1.0
-    return {k: round(v / total, 4) for k, v in sorted(out.items())}
+    from dcp_opt.analysis.kind_map import kind_shares as shares
+
+    return {k: round(v, 4) for k, v in shares(simulate(plan, batch, cost).events).items()}
 
 
 def one(model: str, workload: str, seed: int, cluster: str) -> dict:
@@ -80,24 +79,12 @@ def one(model: str, workload: str, seed: int, cluster: str) -> dict:
     }
 
 
-def kind_map(model: str, cluster: str) -> list[str]:
-    """Lines of the cp / Ulysses time ratio over length (rows) x degree (columns)."""
-    from dcp_opt.batch import Sequence
+def kind_map_lines(model: str, cluster: str) -> list[str]:
+    """The library's kind map (dcp_opt.analysis.kind_map) of one model, as text."""
+    from dcp_opt.analysis.kind_map import kind_map, map_lines
 
     cost = CostModel(model_preset(model), cluster_preset(cluster))
-    degrees = [d for d in cost.cluster.allowed_degrees if d > 1]
-    lines = [f"{model} cp/ulysses " + " ".join(f"d={d:<5d}" for d in degrees)]
-    for length in (2048, 8192, 32768, 131072, 524288, 1048576):
-        f, cells = cost.features(Sequence(0, (length,))), []
-        for d in degrees:
-            t = {}
-            for k in ("ulysses", "cp"):
-                r = int(cost.min_recompute(length, d, kind=k))
-                t[k] = float(cost.time(f, d, r, kind=k)) if r >= 0 else float("inf")
-            ok = np.isfinite(t["ulysses"]) or np.isfinite(t["cp"])
-            cells.append(f"{t['cp'] / t['ulysses']:<7.2f}" if ok else "-      ")
-        lines.append(f"{length:>8d} tokens    " + " ".join(cells))
-    return lines
+    return map_lines(kind_map(cost, (2048, 8192, 32768, 131072, 524288, 1048576)), model)
 
 
 def main(argv=None) -> int:
@@ -109,7 +96,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.map:
         for model in ("llama-7b", "llama3-8b"):
-            print("\n".join(kind_map(model, args.cluster)))
+            print("\n".join(kind_map_lines(model, args.cluster)))
         return 0
     t0 = time.perf_counter()
     rows, summary = [], []

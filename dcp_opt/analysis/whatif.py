@@ -19,7 +19,7 @@ batch files): see dcp_opt.histogram.
 JSON document (`WHATIF_SCHEMA` = "dcp-opt-whatif/1"):
 
     schema, config (cluster, num_gpus, model, num_batches, sweep_batches, tokens_per_gpu,
-        gpus, inter_bw_scales, planners, time_limit_s, seed), distribution (source, kind,
+        gpus, inter_bw_scales, planners, time_limit_s, seed, sp_kinds), distribution (source, kind,
         num_bins, mean/p50/p90/max tokens, token_histogram {edges, sequence_share,
         token_share} over powers of two), wall_time_s, best_planner, warnings
     planners   one row per planner on the base cluster: planner, num_batches, num_valid,
@@ -36,6 +36,9 @@ JSON document (`WHATIF_SCHEMA` = "dcp-opt-whatif/1"):
     sweep_gpus       one row per GPU count: num_gpus, cluster, speedup {planner: {median,
                      p10, p90} or null}, note (e.g. a bin that does not fit)
     sweep_inter_bw   one row per scale: scale, inter_node_bw_gbps, speedup, note
+    kind_map   only when the cost model offers cp (`sp_kinds`, `--sp-kinds ulysses,cp`):
+               where each SP kind wins over length x degree for the distribution's lengths,
+               and the best planner's GPU-time share per kind (dcp_opt.analysis.kind_map)
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class WhatIfConfig:
     time_limit_s: float | None = 1.0  # per solve, for planners that take a budget (cpsat)
     seed: int = 0
     optimizer_sharding: str = "zero1"
+    sp_kinds: tuple[str, ...] | None = None  # None: the cost model's (a preset: Ulysses only)
 
     def __post_init__(self) -> None:
         for name in ("num_batches", "sweep_batches", "tokens_per_gpu"):
@@ -351,6 +355,8 @@ def run_whatif(
 
     started = time.perf_counter()
     base = cost or base_cost(dist, config)
+    if config.sp_kinds is not None:
+        base = base.with_(sp_kinds=tuple(config.sp_kinds))
     planners, skipped = select_planners(config.planners)
     if REFERENCE not in planners:
         raise DcpOptError(f"planners: must include {REFERENCE!r} (the reference), got {planners}")
@@ -384,6 +390,7 @@ def run_whatif(
             "cluster": base.cluster.name,
             "num_gpus": base.cluster.num_gpus,
             "model": base.model.name,
+            "sp_kinds": list(base.sp_kinds),
         },
         "distribution": {**dist.summary(), "token_histogram": dist.token_histogram()},
         "wall_time_s": time.perf_counter() - started,
@@ -393,4 +400,16 @@ def run_whatif(
         "sweep_gpus": gpus,
         "sweep_inter_bw": bws,
         "warnings": warnings,
+        **_kind_map(dist, base, [(b, r[best]) for b, r in runs] if best else []),
     }
+
+
+def _kind_map(dist: LengthDistribution, cost: CostModel, best_runs) -> dict:
+    """{"kind_map": ...} when `cost` offers cp (module doc), else {}."""
+    if "cp" not in cost.sp_kinds:
+        return {}
+    from .kind_map import distribution_rows, kind_map, kind_shares
+
+    doc = kind_map(cost, *distribution_rows(dist))
+    events = [e for _, o in best_runs if o.sim is not None for e in o.sim.events]
+    return {"kind_map": {**doc, "best_planner_kind_shares": kind_shares(events)}}

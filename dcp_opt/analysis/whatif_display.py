@@ -1,5 +1,6 @@
 """How `dcp-opt whatif` shows its document (dcp_opt.analysis.whatif): rich tables, a one-paragraph
-recommendation, and a six-panel matplotlib figure.
+recommendation, and a six-panel matplotlib figure (eight with the SP kind map: where cp or
+Ulysses wins over length x degree, and the kinds the best planner used).
 
 rich and matplotlib are imported only inside the functions that draw, so importing this
 module costs nothing.
@@ -63,6 +64,13 @@ def recommendation(doc: dict) -> list[str]:
             f"memory: peak {row['peak_memory_gb']['max']:.1f} GB of {row['capacity_gb']:.1f} GB "
             f"usable ({row['min_headroom']:.1%} headroom on the fullest rank of the worst batch)"
         )
+    if "kind_map" in doc:
+        shares = doc["kind_map"]["best_planner_kind_shares"]
+        out.append(
+            "SP kinds it uses: "
+            + ", ".join(f"{k} {v:.0%} of GPU-time" for k, v in shares.items())
+            + " (the kind map shows where each wins)"
+        )
     return out
 
 
@@ -104,7 +112,34 @@ def render_tables(doc: dict) -> list:
         _degree_table(doc),
         _sweep_table(doc, "sweep_gpus"),
         _sweep_table(doc, "sweep_inter_bw"),
+        *([_kind_table(doc["kind_map"])] if "kind_map" in doc else []),
     ]
+
+
+def _kind_cell(c: dict) -> str:
+    if c["cp_over_ulysses"] is None:
+        return {"cp": "cp only", "ulysses": "Ulysses only", None: "-"}[c["winner"]]
+    text = f"{c['cp_over_ulysses']:.2f}"
+    return f"[green]{text}[/green]" if c["winner"] == "cp" else text
+
+
+def _kind_table(km: dict):
+    from rich.table import Table
+
+    t = Table(
+        title="where each SP kind wins: cp time / Ulysses time of one sequence alone",
+        title_justify="left",
+        caption="green: cp faster; each kind at its fewest recomputed layers that fit",
+        caption_justify="left",
+    )
+    t.add_column("tokens", justify="right")
+    t.add_column("token share", justify="right")
+    for d in km["degrees"]:
+        t.add_column(f"d={d}", justify="right")
+    shares = km["token_share"] or [None] * len(km["lengths"])
+    for n, share, row in zip(km["lengths"], shares, km["cells"], strict=True):
+        t.add_row(_tokens(n), _fmt(share, ".1%"), *(_kind_cell(c) for c in row))
+    return t
 
 
 def _degree_table(doc: dict):
@@ -160,8 +195,12 @@ def plot_whatif(doc: dict):
     """Six panels: input distribution, speedups, degrees, memory, GPU sweep, bandwidth sweep."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(15, 8.5), layout="constrained")
-    axes = fig.subplots(2, 3)
+    kinds = "kind_map" in doc
+    fig = Figure(figsize=(20 if kinds else 15, 8.5), layout="constrained")
+    axes = fig.subplots(2, 4 if kinds else 3)
+    if kinds:
+        _plot_kind_map(axes[0, 3], doc["kind_map"])
+        _plot_kind_shares(axes[1, 3], doc)
     _plot_input(axes[0, 0], doc)
     _plot_speedups(axes[0, 1], doc)
     _plot_degrees(axes[0, 2], doc)
@@ -273,3 +312,37 @@ def _plot_sweep(ax, doc: dict, key: str) -> None:
     )
     if ax.get_legend_handles_labels()[0]:  # no planner besides bucket: nothing to label
         ax.legend(fontsize=8)
+
+
+def _plot_kind_map(ax, km: dict) -> None:
+    """log2(cp / Ulysses) per (length, degree): blue where cp wins, red where Ulysses does,
+    each cell labelled with the ratio; grey where only one kind fits (labelled) or none."""
+    import numpy as np
+
+    ratio = np.array(
+        [[np.nan if c["cp_over_ulysses"] is None else c["cp_over_ulysses"] for c in row]
+         for row in km["cells"]]
+    )  # fmt: skip
+    lim = max(float(np.nanmax(np.abs(np.log2(ratio)))) if np.isfinite(ratio).any() else 1, 0.1)
+    im = ax.imshow(np.log2(ratio), cmap="coolwarm", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_facecolor("#d0d0d0")
+    for i, row in enumerate(km["cells"]):
+        for j, c in enumerate(row):
+            text = _kind_cell(c).replace("[green]", "").replace("[/green]", "")
+            ax.text(j, i, text.replace(" only", "\nonly"), ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(km["degrees"])), [str(d) for d in km["degrees"]])
+    shares = km["token_share"] or [None] * len(km["lengths"])
+    labels = [_tokens(n) + ("" if s is None else f" ({s:.0%})") for n, s in zip(km["lengths"], shares, strict=True)]  # fmt: skip
+    ax.set_yticks(range(len(km["lengths"])), labels, fontsize=7)
+    ax.set_xlabel("SP degree")
+    ax.set_ylabel("tokens per sequence (token share)")
+    ax.set_title("cp time / Ulysses time (blue: cp wins)", fontsize=10)
+    ax.figure.colorbar(im, ax=ax, label="log2(cp / Ulysses)", shrink=0.8)
+
+
+def _plot_kind_shares(ax, doc: dict) -> None:
+    shares = doc["kind_map"]["best_planner_kind_shares"]
+    ax.bar(list(shares), list(shares.values()), color=["C0", "C1"][: len(shares)])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of GPU-time")
+    ax.set_title(f"SP kinds used by {doc['best_planner']}", fontsize=10)

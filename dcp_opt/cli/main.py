@@ -29,6 +29,7 @@ from ..analysis.bench import (
     json_default,
     planner_kwargs,
 )
+from ..analysis.kind_map import kind_shares
 from ..batch import Batch
 from ..cluster import GB
 from ..cost import SHARDING_MODES, CostModel
@@ -76,6 +77,38 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
     p.add_argument("--optimizer-sharding", default="zero1", choices=SHARDING_MODES)
+    _add_sp_kinds(p)
+
+
+def _add_sp_kinds(p: argparse.ArgumentParser, *, note: str = "") -> None:
+    p.add_argument(
+        "--sp-kinds",
+        default="ulysses",
+        metavar="KINDS",
+        help="SP kinds a group may take: ulysses (default) or ulysses,cp (all-gather-KV "
+        f"context parallelism, 1D models; the planners choose per group){note}",
+    )
+
+
+def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[str, ...]:
+    """--sp-kinds as CostModel.sp_kinds; one-line errors naming the flag and the values."""
+    from ..cp_cost import SP_KINDS
+
+    kinds = _split(args.sp_kinds) or ()
+    if (
+        any(k not in SP_KINDS for k in kinds)
+        or "ulysses" not in kinds
+        or len(set(kinds)) < len(kinds)
+    ):
+        raise DcpOptError(
+            f"--sp-kinds: {args.sp_kinds!r} not allowed; allowed: 'ulysses' or 'ulysses,cp'"
+        )
+    if "cp" in kinds and input_kind == "2d":
+        raise DcpOptError(
+            "--sp-kinds: 'cp' not allowed for 2d (video) inputs; allowed: 'ulysses' (cp is "
+            "for 1D causal models)"
+        )
+    return tuple(kinds)
 
 
 CLUSTER_HELP = "cluster preset or Cluster JSON file"
@@ -104,6 +137,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
         profile=args.profile,
         default_model=DEFAULT_MODELS[batch.kind],
         optimizer_sharding=args.optimizer_sharding,
+        sp_kinds=_sp_kinds(args, batch.kind),
     )
     return batch, cost
 
@@ -192,6 +226,7 @@ def plan_summary(res, sim: SimResult, batch: Batch, cost: CostModel) -> dict:
         "num_groups": sum(1 for ph in plan.phases for g in ph.groups if g.micro_batches),
         "num_micro_batches": plan.num_micro_batches,
         "degrees": _degrees(plan),
+        "sp_kinds": kind_shares(sim.events),  # GPU-time share per kind
         "cluster": cost.cluster.name,
         "model": cost.model.name,
         "num_sequences": len(batch),
@@ -212,6 +247,15 @@ def summary_lines(s: dict) -> list[str]:
         f"of busy time; peak memory {s['peak_memory_gb']:.1f} / {s['capacity_gb']:.1f} GB",
         f"plan        {s['num_phases']} phase(s), {s['num_groups']} busy group(s), "
         f"{s['num_micro_batches']} micro-batches; degree x groups: {degrees}",
+        *(
+            [
+                "sp kinds    "
+                + ", ".join(f"{k} {v:.1%}" for k, v in s["sp_kinds"].items())
+                + " of GPU-time"
+            ]
+            if set(s["sp_kinds"]) - {"ulysses"}
+            else []
+        ),
     ]
 
 
@@ -233,6 +277,8 @@ def _checked_plan(args: argparse.Namespace) -> tuple[Plan, Batch, CostModel] | N
     _note(f"invalid plan: {len(violations)} violation(s)")
     for v in violations:
         print(f"  {v}", file=sys.stderr)
+    if any(v.code == "BAD_KIND" for v in violations) and "cp" not in cost.sp_kinds:
+        _note("the plan has cp groups: pass --sp-kinds ulysses,cp as when it was planned")
     return None
 
 
@@ -316,6 +362,7 @@ def _add_bench(sub) -> None:
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
     p.add_argument("--no-progress", action="store_true")
+    _add_sp_kinds(p, note="; 2D workloads keep ulysses")
     _add_stream_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -359,6 +406,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with _progress(disabled=args.no_progress) as (on_start, on_done):
         doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
     doc["config"]["profile"] = args.profile
+    doc["config"]["sp_kinds"] = list(_sp_kinds(args))  # the 1D workloads'
     Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
     for line in error_lines(doc):
         _note(line)
@@ -429,6 +477,7 @@ def _bench_costs(args: argparse.Namespace):
     user's model file or profile replaces it (run_bench reports the model it got)."""
     models = {"1d": args.model_1d, "2d": args.model_2d}
     kind_of_profile = profile_kind(args.profile) if args.profile else None
+    kinds = {"1d": _sp_kinds(args), "2d": ("ulysses",)}  # cp serves 1D models only
 
     def make_cost(preset, cluster) -> CostModel:
         k = preset.kind
@@ -439,6 +488,7 @@ def _bench_costs(args: argparse.Namespace):
             profile=args.profile if k == kind_of_profile else None,
             default_model=preset.name,
             source=f"each {k} workload",
+            sp_kinds=kinds[k],
         )
 
     return make_cost
@@ -505,6 +555,7 @@ def _add_whatif(sub) -> None:
     )
     p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
     p.add_argument("--no-progress", action="store_true")
+    _add_sp_kinds(p, note="; with cp the document has the kind map (where each kind wins)")
     p.set_defaults(func=cmd_whatif)
 
 
@@ -536,6 +587,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         default_model=DEFAULT_MODELS[dist.kind],
         source=dist.source,
         optimizer_sharding=args.optimizer_sharding,
+        sp_kinds=_sp_kinds(args, dist.kind),
     )
     config = WhatIfConfig(
         cluster=cost.cluster.name,
