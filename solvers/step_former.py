@@ -46,6 +46,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,11 +113,14 @@ def form_steps(
     cost: CostModel | None = None,
     budget_s: float | None = None,
     max_evals: int | None = None,
+    proxy: Callable[[Batch], float] | None = None,
 ) -> list[list[int]]:
     """Sequence ids per optimizer step (module docstring: bounds, proxy, algorithm).
     Without `cost` only the repair runs (no step time to predict). `budget_s`: seconds of
     search (None: 0.05 s a step, at most 60 s; 0: repair only); `max_evals`: a cap on greedy
-    plans, for a result that does not depend on the machine's speed."""
+    plans, for a result that does not depend on the machine's speed. `proxy`: a step's
+    predicted time in seconds, from its Batch (None: the greedy planner's; the stream bench
+    passes a cached greedy, dcp_opt.analysis.stream_steps.StepCache)."""
     return form_steps_report(
         stream,
         target_tokens=target_tokens,
@@ -125,6 +129,7 @@ def form_steps(
         cost=cost,
         budget_s=budget_s,
         max_evals=max_evals,
+        proxy=proxy,
     ).steps
 
 
@@ -137,10 +142,12 @@ def form_steps_report(
     cost: CostModel | None = None,
     budget_s: float | None = None,
     max_evals: int | None = None,
+    proxy: Callable[[Batch], float] | None = None,
 ) -> StepForming:
     """form_steps, with what the search did."""
     started = time.perf_counter()
     _check_args(stream, target_tokens, max_shift, tolerance, budget_s, max_evals)
+    require(proxy is None or callable(proxy), "proxy", f"must be None or callable, got {proxy!r}")
     tokens = _tokens(stream)
     # the band in whole tokens; the slack keeps e.g. (1 - 0.3) x 10 = 7.000000000000001 at 7
     lo = math.ceil((1 - tolerance) * target_tokens * (1 - 1e-12))
@@ -154,7 +161,7 @@ def form_steps_report(
     if cost is not None and len(st.steps) > 1 and budget_s != 0 and max_evals != 0:
         if budget_s is None:
             budget_s = min(MAX_DEFAULT_BUDGET_S, BUDGET_PER_STEP_S * len(st.steps))
-        _Search(st, stream, cost, started + budget_s, max_evals).run(out)
+        _Search(st, stream, cost, started + budget_s, max_evals, proxy).run(out)
     out.steps = [[stream[i].id for i in sorted(s)] for s in st.steps]
     out.wall_s = time.perf_counter() - started
     return out
@@ -202,7 +209,8 @@ def _check_args(stream, target_tokens, max_shift, tolerance, budget_s, max_evals
 
 def _tokens(stream: list[Sequence]) -> list[int]:
     for i, s in enumerate(stream):
-        require(isinstance(s, Sequence), f"stream[{i}]", f"must be a Sequence, got {s!r}")
+        if not isinstance(s, Sequence):  # the message only when it fails: 155K reprs cost 2 s
+            require(False, f"stream[{i}]", f"must be a Sequence, got {s!r}")
     return [s.num_tokens for s in stream]
 
 
@@ -296,8 +304,9 @@ class _State:
 class _Search:
     """Exchanges between steps, kept when the greedy planner's summed step time drops."""
 
-    def __init__(self, st: _State, stream, cost: CostModel, deadline: float, max_evals):
+    def __init__(self, st: _State, stream, cost: CostModel, deadline: float, max_evals, proxy):
         self.st, self.stream, self.cost = st, stream, cost
+        self.proxy = proxy or self.greedy_time
         self.deadline, self.max_evals = deadline, max_evals
         tab = seq_table(Batch(tuple(stream)), cost)
         deg = np.asarray(tab.degrees, dtype=float)
@@ -316,12 +325,15 @@ class _Search:
     def step_time(self, members) -> float:
         key = frozenset(members)
         if key not in self.memo:
-            from . import run_planner  # noqa: PLC0415 (solvers/__init__ imports lazily)
-
             batch = Batch(tuple(self.stream[i] for i in sorted(key)))
-            self.memo[key] = run_planner("greedy", batch, self.cost).predicted_step_time_s
+            self.memo[key] = float(self.proxy(batch))
             self.evals += 1
         return self.memo[key]
+
+    def greedy_time(self, batch: Batch) -> float:
+        from . import run_planner  # noqa: PLC0415 (solvers/__init__ imports lazily)
+
+        return run_planner("greedy", batch, self.cost).predicted_step_time_s
 
     def time_of(self, k: int) -> float:
         t = self.step_time(self.st.steps[k])

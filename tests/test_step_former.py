@@ -112,6 +112,27 @@ def test_sample_that_fits_nowhere_is_refused():
         form_steps(seqs([10, 30]), target_tokens=40, max_shift=1, tolerance=0.5, cost=toy_cost())
 
 
+def test_former_minimises_the_given_proxy():
+    """`proxy` replaces the greedy planner as the step-time predictor: the greedy itself gives
+    the default's steps; a proxy that never changes keeps no exchange (data order, in band)."""
+    cost = toy_cost()
+    stream = seqs([10, 10, 2, 2, 2, 10, 10, 2, 2, 2])
+    kw = {"target_tokens": 20, "max_shift": 1, "tolerance": 0.5, "cost": cost}
+    kw.update(max_evals=50, budget_s=60.0)  # a result independent of the load
+    default = form_steps(stream, **kw)
+    assert default != data_order_steps(stream, 20)  # the greedy proxy finds an exchange here
+    calls = []
+
+    def greedy(batch):
+        calls.append(len(batch))
+        return run_planner("greedy", batch, cost).predicted_step_time_s
+
+    assert form_steps(stream, **kw, proxy=greedy) == default and calls
+    assert form_steps(stream, **kw, proxy=lambda b: 1.0) == data_order_steps(stream, 20)
+    with pytest.raises(DcpOptError, match="^proxy: "):
+        form_steps(stream, **kw, proxy=3.0)
+
+
 # ---- stream bound, by hand -------------------------------------------------------------------
 def test_stream_bound_toy_arithmetic():
     # toy without its 0.5 s per-micro-batch overhead (every constant 0, so the LP's work row

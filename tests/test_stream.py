@@ -171,7 +171,7 @@ def test_frameworks_skip_2d_and_name_the_field():
         StreamConfig(frameworks=("deepspeed",))
     cfg = StreamConfig(workloads=("2d-long",))
     assert framework_runs(cfg, "2d-long", None, None, {1: "1"}, steps_of=None, run_fixed=None,
-                          on_done=None) == []  # fmt: skip
+                          cache_of=None, on_done=None) == []  # fmt: skip
 
 
 MATCHED_KEYS = {

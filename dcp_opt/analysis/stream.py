@@ -56,13 +56,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..batch import Batch, Sequence
-from ..build import make_plan
 from ..cost import CostModel
 from ..errors import DcpOptError
 from ..inputs import load_cluster
 from ..model import model_preset
-from ..simulate import simulate
-from ..validate import validate
 from ..workloads import (
     DISTRIBUTIONS,
     TEXT_CLIP,
@@ -81,6 +78,14 @@ from .stream_figures import (  # noqa: F401 (re-exported: the figures of a run)
     method_row,
 )
 from .stream_frameworks import FRAMEWORKS, count_runs, framework_runs
+from .stream_steps import (  # noqa: F401 (re-exported)
+    EpochRun,
+    StepCache,
+    former_steps,
+    run_fixed,
+    run_published,
+    time_published_steps,
+)
 
 STREAM_SCHEMA = "dcp-opt-stream/1"
 DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
@@ -184,112 +189,10 @@ def _draw(w: Workload, rng: np.random.Generator, n: int) -> list[tuple[int, ...]
 
 
 def data_order_steps(epoch: Batch, target_tokens: int) -> list[list[int]]:
-    """Fixed-size steps in data order (the last may be short); the step former's module
-    provides the same when built, and is then used instead."""
-    try:
-        from dcp_opt.solvers.step_former import data_order_steps as theirs
-    except ImportError:
-        theirs = None
-    if theirs is not None:
-        return theirs(list(epoch.sequences), target_tokens)
-    steps, cur, tok = [], [], 0
-    for s in epoch.sequences:
-        cur.append(s.id)
-        tok += s.num_tokens
-        if tok >= target_tokens:
-            steps.append(cur)
-            cur, tok = [], 0
-    return steps + ([cur] if cur else [])
+    """Fixed-size steps in data order (solvers/step_former.py: target +- half a sample)."""
+    from dcp_opt.solvers.step_former import data_order_steps as steps_of
 
-
-# ---- one method over the epoch -------------------------------------------------------------
-@dataclass
-class EpochRun:
-    """What a method did with the epoch: per step, its sequence ids, time and planning."""
-
-    steps: list[list[int]]
-    step_times: list[float]
-    dropped: list[int]
-    planning_s: list[float]
-    bound_s: float | None = None
-
-
-def _sub_batch(epoch: Batch, ids) -> Batch:
-    return Batch(tuple(epoch.sequences[i] for i in ids))
-
-
-def time_published_steps(epoch: Batch, cost: CostModel, groups_per_step) -> list[float]:
-    """Each published step as a one-phase Plan: validated, then simulated."""
-    out = []
-    for groups in groups_per_step:
-        ids = [i for g in groups for mb in g.micro_batches for i in mb.sequence_ids]
-        b = _sub_batch(epoch, ids)
-        plan = make_plan([groups], b, cost, planner="published")
-        bad = validate(plan, b, cost)
-        if bad:
-            raise DcpOptError(f"published step invalid: {bad[0]}")
-        out.append(simulate(plan, b, cost, events=False).step_time_s)
-    return out
-
-
-def run_published(epoch, cost, method, *, seed, drop_last, memory_cap, **kw) -> EpochRun:
-    from dcp_opt.solvers.videosys_stream import published_epoch
-
-    pub = published_epoch(
-        epoch, cost, method, seed=seed, drop_last=drop_last, memory_cap=memory_cap, **kw
-    )
-    steps = [[i for g in st for mb in g.micro_batches for i in mb.sequence_ids] for st in pub.steps]
-    times = time_published_steps(epoch, cost, pub.steps)
-    per = pub.planning_s / max(len(steps), 1)
-    bound = _bound(epoch, cost, steps, 0, lp=False)
-    return EpochRun(steps, times, pub.dropped, [per] * len(steps), bound)
-
-
-def run_fixed(epoch, cost, planner, steps, options, max_shift=0, bound="compute") -> EpochRun:
-    """A project planner on each given step (sequence ids); nothing is dropped. `bound`: the
-    stream bound of these steps when already known (another planner on the same steps)."""
-    from dcp_opt.solvers import get_planner
-
-    fn = get_planner(planner)
-    times, walls = [], []
-    for ids in steps:
-        b = _sub_batch(epoch, ids)
-        t0 = time.perf_counter()
-        res = fn(b, cost, **options)
-        walls.append(time.perf_counter() - t0)
-        if res.plan is None or not res.ok:
-            raise DcpOptError(f"{planner}: no plan for a step ({res.status}: {res.message})")
-        times.append(res.predicted_step_time_s)
-    if bound == "compute":
-        bound = _bound(epoch, cost, steps, max_shift)
-    return EpochRun(steps, times, [], walls, bound)
-
-
-def _bound(epoch, cost, steps, max_shift, lp: bool = True) -> float | None:
-    """The stream lower bound of these steps (solvers/stream_bound.py), None if not built.
-    lp=False: the separable per-step bound only (no LP refinement; ~50 ms a step less), for
-    the published methods, whose gap is large either way."""
-    try:
-        from dcp_opt.solvers.stream_bound import stream_lower_bound
-    except ImportError:
-        return None
-    if not steps:  # a published sampler may form no step at all from a small epoch
-        return None
-    kw = {} if lp else {"lp_time_limit_s": 0.0}
-    return float(
-        stream_lower_bound([_sub_batch(epoch, s) for s in steps], cost, max_shift=max_shift, **kw)
-    )
-
-
-def former_steps(epoch: Batch, cost, target: int, k: int, e: float) -> list[list[int]] | None:
-    """Steps chosen by the step former (solvers/step_former.py), None if not built."""
-    try:
-        from dcp_opt.solvers.step_former import form_steps
-    except ImportError:
-        return None
-    return form_steps(
-        list(epoch.sequences), target_tokens=target, max_shift=k, tolerance=e, cost=cost
-    )
+    return steps_of(list(epoch.sequences), target_tokens)
 
 
 # ---- the project's planners and the whole bench ----------------------------------------------------
@@ -308,42 +211,44 @@ def _targets(config: StreamConfig, rows: list[dict]) -> dict[int, str]:
 
 
 def _project_runs(config, workload, epoch, cost, targets, notes, on_done):
-    """The project's planners at every target size, without and with the step former."""
+    """The project's planners at every target size in data order, then with the step former
+    (greedy only: cpsat in data order only, for time); one StepCache for all of them, so the
+    former's proxy reuses the data-order plans and its own plans serve the +former rows."""
     out = []
     if not config.planners:
         return out
+    cache = StepCache(epoch, cost)
+
+    def run(planner, name, steps, shift, bound, target, former):
+        opts = {"time_limit_s": config.cpsat_budget_s} if planner == "cpsat" else {}
+        r = run_fixed(epoch, cost, planner, steps, opts, shift, bound=bound, cache=cache)
+        out.append(
+            method_row(
+                workload, name, r, epoch, family="project", planner=planner, drop_last=False,
+                step_former=former, target_tokens=target, sp_kinds=list(cost.sp_kinds),
+            )
+        )  # fmt: skip
+        on_done(workload, name)
+        return r.bound_s
+
     k, e = config.former_max_shift, config.former_tolerance
-    bounds: dict = {}
     for target, label in targets.items():
-        data_steps = data_order_steps(epoch, target)
+        bound = "compute"  # one stream bound per set of steps, shared by the planners
+        for planner in config.planners:
+            if planner != "cpsat" or target in config.cpsat_sizes:
+                steps = data_order_steps(epoch, target)
+                bound = run(planner, f"{planner}@{label}", steps, 0, bound, target, False)
+        cheap = [p for p in config.planners if p != "cpsat"]
+        if not cheap:
+            continue
         try:
-            former = former_steps(epoch, cost, target, k, e)
+            former = former_steps(epoch, cost, target, k, e, cache=cache)
         except DcpOptError as err:  # the bounds (K, e) admit no steps: say so, run without
             notes.append(f"{workload} @{label}: step former refused: {err}")
-            former = None
-        else:
-            if former is None and "step former" not in " ".join(notes):
-                notes.append("step former not built (solvers/step_former.py): no +former rows")
-        for planner in config.planners:
-            if planner == "cpsat" and target not in config.cpsat_sizes:
-                continue
-            opts = {"time_limit_s": config.cpsat_budget_s} if planner == "cpsat" else {}
-            variants = [("", data_steps, 0)]
-            if former is not None and planner != "cpsat":  # cpsat: data order only (time)
-                variants.append(("+former", former, k))
-            for tag, steps, shift in variants:
-                name = f"{planner}{tag}@{label}"
-                known = bounds.get((target, tag), "compute")  # one bound per set of steps
-                run = run_fixed(epoch, cost, planner, steps, opts, shift, bound=known)
-                bounds[(target, tag)] = run.bound_s
-                out.append(
-                    method_row(
-                        workload, name, run, epoch, family="project", planner=planner,
-                        drop_last=False, step_former=bool(tag), target_tokens=target,
-                        sp_kinds=list(cost.sp_kinds),
-                    )
-                )  # fmt: skip
-                on_done(workload, name)
+            continue
+        bound = "compute"
+        for planner in cheap:
+            bound = run(planner, f"{planner}+former@{label}", former, k, bound, target, True)
     return out
 
 
@@ -371,7 +276,7 @@ def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) 
     rows += _project_runs(config, workload, epoch, cost, targets, notes or [], on_done)
     rows += framework_runs(
         config, workload, epoch, cost, targets,
-        steps_of=data_order_steps, run_fixed=run_fixed, on_done=on_done,
+        steps_of=data_order_steps, run_fixed=run_fixed, cache_of=StepCache, on_done=on_done,
     )  # fmt: skip
     fill_speedups(rows)
     info = {

@@ -39,6 +39,7 @@ def framework_runs(
     *,
     steps_of: Callable,
     run_fixed: Callable,
+    cache_of: Callable,
     on_done: Callable[[str, str], None],
 ) -> list[dict]:
     """Rows of the frameworks and of greedy on the cp-enabled cost model, at each target
@@ -46,6 +47,7 @@ def framework_runs(
     if not workload.startswith("1d") or not (config.frameworks or config.cp_planner):
         return []
     cp_cost = cost.with_(sp_kinds=CP_KINDS)
+    cache = cache_of(epoch, cp_cost)
     sizes = config.framework_sizes
     out = []
     for target, label in targets.items():
@@ -58,7 +60,7 @@ def framework_runs(
             planners.append((config.cp_planner, config.cp_planner + CP_TAG, "project"))
         for planner, tag, family in planners:
             name = f"{tag}@{label}"
-            run = run_fixed(epoch, cp_cost, planner, steps, {}, 0, bound=bound)
+            run = run_fixed(epoch, cp_cost, planner, steps, {}, 0, bound=bound, cache=cache)
             bound = run.bound_s
             out.append(
                 method_row(
