@@ -145,3 +145,38 @@ def test_loss_normalizer_by_hand():
     assert (loss_normalizer(batch, "tokens"), loss_normalizer(batch, "samples")) == (8.0, 2.0)
     assert default_normalizer_kind(LM) == "tokens"
     assert default_normalizer_kind(DIT) == "samples"
+
+
+# ---- the sharded modes' closing micro-step and the sync volume (issue 14) -------------------
+def test_closing_step_by_hand():
+    # one token at degree 1 (heads share 4/4 = 1, features Q = T = S = 1):
+    # fwd = (0.5 + 0.125) + (3 + 2) + (7 + 13) + (0.25 + 0.5) = 26.375
+    # bwd = (1.5 + 0.375) + (5 + 6) + (11 + 17) + (0.75 + 1.25) = 42.875
+    # L (fwd + bwd) + head (0.01 + 0.03) + overhead 0.7 = 3 * 69.25 + 0.74 = 208.49
+    slow = HAND.with_(speed_factors=(1.0, 1.0, 0.5, 1.0, 1.0, 1.0))
+    assert close(dit_cost().closing_step_time(), 208.49)
+    assert close(dit_cost().with_(cluster=slow).closing_step_time(), 208.49 / 0.5)  # slowest
+    assert dit_cost(optimizer_sharding="none").closing_step_time() == 0.0
+    assert dit_cost(closing_step_s=2.5).closing_step_time() == 2.5
+    # the step's sync: 2 (6-1)/6 x 1000 x 2 B at the NIC's 4 B/s + the closing step + 0.3 s
+    sync = dit_cost(step_overhead_s=0.3).grad_sync_time()
+    assert close(sync, 2 * 5 / 6 * 2000 / 4 + 208.49 + 0.3)
+
+
+def test_sync_bytes_follow_the_mode_unless_set():
+    # runtime/sharding.py: an fp32 all-reduce (4 B) for `none`; all-gather bf16 weights 2 B +
+    # reduce-scatter fp32 gradients 4 B, as a ring all-reduce of 3 B, for the sharded modes
+    follows = CostModel(DIT, HAND, HAND_2D)
+    assert follows.grad_reduce_bytes_per_param == 3.0
+    assert follows.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 4.0
+    assert CostModel(DIT, HAND, HAND_2D, "none").grad_reduce_bytes_per_param == 4.0
+    fixed = dit_cost()  # 2.0 set: kept through a change of mode
+    assert fixed.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 2.0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), True, "2"])
+def test_bad_sync_bytes_are_refused_by_name(bad):
+    with pytest.raises(
+        DcpOptError, match=r"grad_reduce_bytes_per_param: must be a finite number >= 0 or None"
+    ):
+        CostModel(DIT, HAND, HAND_2D, grad_reduce_bytes_per_param=bad)
