@@ -128,7 +128,7 @@ def test_cli_quick_json(tmp_path):
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == STREAM_SCHEMA
-    assert set(doc) >= {"config", "epochs", "methods", "matched", "fidelity", "notes"}
+    assert set(doc) >= {"config", "epochs", "methods", "matched", "fidelity", "notes", "frameworks"}
     assert doc["config"]["num_batches"] == QUICK["num_batches"]
     names = {r["method"] for r in doc["methods"]}
     assert set(PUBLISHED_METHODS) | {f"{m}/nodrop" for m in PUBLISHED_METHODS} <= names
@@ -142,6 +142,12 @@ def test_cli_quick_json(tmp_path):
     assert bucket["speedup_vs_bucket"] == pytest.approx(1.0)
     assert doc["fidelity"] == []  # the paper has no 1D figures
     _check_framework_rows(doc["methods"])
+    by = {r["method"]: r["tokens_per_s"] for r in doc["methods"]}
+    assert len(doc["frameworks"]) == sum(m.startswith("greedy@") for m in by)
+    for f in doc["frameworks"]:  # the table's ratios are the rows' tokens/s
+        cp = by[f"greedy+cp@{f['size']}"]
+        assert f["vs_verl_balanced"] == pytest.approx(cp / by[f"verl_balanced@{f['size']}"])
+        assert f["vs_greedy"] >= 1 - 1e-9
     for m in doc["matched"]:
         assert set(m) == MATCHED_KEYS
         # no plan beats the stream bound: the planner's ratio stays below the bound's
@@ -152,7 +158,7 @@ def test_cli_quick_json(tmp_path):
 def _check_framework_rows(rows: list[dict]) -> None:
     """issue 16 item 5: megatron_dynamic_cp and verl_balanced at each step size the project's
     planner runs, on a cost model offering both kinds, none under the stream bound; greedy
-    there (greedy[cp]) may always choose Ulysses, so it is never slower than Ulysses-only."""
+    there (greedy+cp) may always choose Ulysses, so it is never slower than Ulysses-only."""
     by = {r["method"]: r for r in rows}
     sizes = [m.split("@", 1)[1] for m in by if m.startswith("greedy@")]
     assert sizes
@@ -161,7 +167,7 @@ def _check_framework_rows(rows: list[dict]) -> None:
             r = by[f"{name}@{size}"]
             assert r["family"] == "framework" and r["sp_kinds"] == ["ulysses", "cp"]
             assert r["dropped_tokens"] == 0 and r["epoch_time_s"] >= r["bound_s"] * (1 - 1e-9)
-        cp, ulysses = by[f"greedy[cp]@{size}"], by[f"greedy@{size}"]
+        cp, ulysses = by[f"greedy+cp@{size}"], by[f"greedy@{size}"]
         assert cp["family"] == "project" and ulysses["sp_kinds"] == ["ulysses"]
         assert cp["tokens_per_s"] >= ulysses["tokens_per_s"] * (1 - 1e-9)
 

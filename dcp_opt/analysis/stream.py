@@ -16,8 +16,13 @@ framing misjudges them (the published sampler forms no step at all from one such
   (`<planner>+former@<size>`: samples may move up to K steps, tokens per step within +-e);
   greedy runs at every size, cpsat (short budget) only at `cpsat_sizes` (2M) in data order;
   the sizes are `step_sizes` plus the median step of published bucket and PAC;
+- on the 1D workloads, the text frameworks' baselines megatron_dynamic_cp and verl_balanced
+  run on the same data-order steps (`<framework>@<size>`: both take a fixed global batch),
+  with greedy beside them (`greedy+cp@<size>`), on a cost model offering ulysses and cp
+  (dcp_opt/analysis/stream_frameworks.py);
 - every step is one optimizer step: simulate() of its plan, which ends with the gradient sync
-  (the barrier). The epoch time is the sum over steps.
+  (the barrier). The epoch time is the sum over steps. Each step is planned once per cost
+  model (dcp_opt/analysis/stream_steps.py, StepCache).
 
 The rows and ratios are computed in dcp_opt/analysis/stream_figures.py, the tables drawn by
 dcp_opt/analysis/stream_display.py.
@@ -26,15 +31,18 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
 
     schema, config (cluster, num_gpus, workloads, num_batches, tokens_per_batch, seed,
         step_sizes, planners, cpsat_sizes, cpsat_budget_s, memory_cap, former_max_shift,
-        former_tolerance, models), total_wall_time_s, notes (integration points missing)
+        former_tolerance, frameworks, cp_planner, framework_sizes, models),
+        total_wall_time_s, notes (the step former's refusals)
     epochs      one row per workload: workload, num_sequences, num_tokens, wall_time_s
     methods     one row per (workload, method):
-        workload, method, family ("published" | "project"), planner, drop_last,
-        step_former, target_tokens (null for published), num_steps, trained_tokens,
+        workload, method, family ("published" | "project" | "framework"), planner,
+        drop_last, step_former, target_tokens (null for published), sp_kinds (the cost
+        model's SP kinds: ["ulysses"], or ["ulysses", "cp"] for the framework rows and
+        greedy+cp), num_steps, trained_tokens,
         dropped_tokens, dropped_share, epoch_time_s, tokens_per_s,
         step_tokens {median, p10, p90}, step_time_s {median, p10, p90},
         planning_s (all steps), planning_ms_per_step (median), bound_s, gap_to_bound
-        (epoch time / stream lower bound - 1; null when solvers/stream_bound.py is absent),
+        (epoch time / stream lower bound - 1; null when a published sampler forms no step),
         speedup_vs_bucket, speedup_vs_pac (tokens/s over published bucket / dcp_inter_pac,
         drop_last)
     matched     per workload and published median step size (of bucket and of PAC): the
@@ -44,6 +52,10 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
         of those steps can beat)
     fidelity    per 2D workload: published intra / inter / PAC tokens/s over published
         bucket next to the paper's ratio for that cluster size (PAPER_RATIOS)
+    frameworks  per 1D workload and step size: greedy+cp's tokens/s over each framework
+        (vs_megatron_dynamic_cp, vs_verl_balanced) and over Ulysses-only greedy
+        (vs_greedy), with the frameworks' and greedy+cp's gaps to the stream bound
+        (dcp_opt.analysis.stream_frameworks.framework_table)
 """
 
 from __future__ import annotations
@@ -77,7 +89,7 @@ from .stream_figures import (  # noqa: F401 (re-exported: the figures of a run)
     matched_rows,
     method_row,
 )
-from .stream_frameworks import FRAMEWORKS, count_runs, framework_runs
+from .stream_frameworks import FRAMEWORKS, count_runs, framework_runs, framework_table
 from .stream_steps import (  # noqa: F401 (re-exported)
     EpochRun,
     StepCache,
@@ -325,4 +337,5 @@ def run_stream(
         "methods": rows,
         "matched": matched_rows(rows),
         "fidelity": fidelity_rows(rows, cluster.num_gpus),
+        "frameworks": framework_table(rows),
     }

@@ -83,7 +83,15 @@ def render_fidelity_table(doc: dict):
 
 def render_matched_table(doc: dict):
     """The project's best planner at each published median step size, against the published
-    methods, and what the stream bound allows."""
+    methods, and what the stream bound allows; followed by the text frameworks' table when
+    the run has 1D workloads (one renderable: `dcp-opt bench --stream` prints it as is)."""
+    from rich.console import Group
+
+    table = _matched_table(doc)
+    return Group(table, render_framework_table(doc)) if doc.get("frameworks") else table
+
+
+def _matched_table(doc: dict):
     from rich.table import Table
 
     table = Table(
@@ -108,5 +116,37 @@ def render_matched_table(doc: dict):
             _fmt(r["gap_to_bound"], ".1%"),
             _fmt(r.get("bound_vs_pac"), ".2f", "x"),
             _fmt(r.get("bound_vs_bucket"), ".2f", "x"),
+        )
+    return table
+
+
+def render_framework_table(doc: dict):
+    """1D: greedy on the cost model with both SP kinds against the text frameworks, at the
+    same fixed steps (dcp_opt.analysis.stream_frameworks)."""
+    from rich.table import Table
+
+    table = Table(
+        title="text frameworks at the same fixed steps (data order, ulysses + cp offered): "
+        "greedy+cp over each",
+        title_justify="left",
+        caption="megatron_dynamic_cp: Megatron-Core's dynamic CP schedule of each global batch; "
+        "verl_balanced: verl's dynamic batch size (Karmarkar-Karp micro-batches, one Ulysses "
+        "degree); gap: to the stream bound over both kinds",
+        caption_justify="left",
+    )
+    cols = ("workload", "step", "vs megatron", "vs verl", "vs greedy (ulysses)", "gap",
+            "megatron gap", "verl gap")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("workload", "step") else "right")
+    for r in doc.get("frameworks", []):
+        table.add_row(
+            r["workload"],
+            r["size"],
+            _fmt(r["vs_megatron_dynamic_cp"], ".2f", "x"),
+            _fmt(r["vs_verl_balanced"], ".2f", "x"),
+            _fmt(r["vs_greedy"], ".3f", "x"),
+            _fmt(r["gap_to_bound"], ".1%"),
+            _fmt(r["megatron_dynamic_cp_gap_to_bound"], ".1%"),
+            _fmt(r["verl_balanced_gap_to_bound"], ".1%"),
         )
     return table

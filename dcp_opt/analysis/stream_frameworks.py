@@ -13,7 +13,7 @@ So each runs on the same fixed-size steps in data order as the project's planner
 (CostModel.sp_kinds = ulysses + cp) for them: Megatron's groups are `cp` (its published kind,
 modelled as all-gather-KV: docs/cost-model.md), verl keeps Ulysses (its published kind). The
 project's greedy planner runs on the same steps and cost model, choosing the kind per group
-(`greedy[cp]@<size>`), so the three rows differ only in the planner. Their stream bound is the
+(`greedy+cp@<size>`), so the three rows differ only in the planner. Their stream bound is the
 bound over both kinds (the per-step tables take the least over cost.sp_kinds).
 
 2D workloads are left out: neither framework serves a video DiT (solvers/megatron_cp.py).
@@ -27,7 +27,7 @@ from .stream_figures import method_row
 
 FRAMEWORKS = ("megatron_dynamic_cp", "verl_balanced")
 CP_KINDS = ("ulysses", "cp")
-CP_TAG = "[cp]"  # the project planner's row on the cp-enabled cost model: greedy[cp]@size
+CP_TAG = "+cp"  # the project planner's row on the cp-enabled cost model: greedy+cp@size
 
 
 def framework_runs(
@@ -79,3 +79,25 @@ def count_runs(config, sizes_per_workload: int) -> int:
     if config.framework_sizes is None:
         return per_size * sizes_per_workload
     return per_size * (len(config.framework_sizes) + 2)  # + the two published medians
+
+
+def framework_table(rows: list[dict]) -> list[dict]:
+    """Per 1D workload and step size: the project's planner on the cp-enabled cost model over
+    each framework and over Ulysses-only greedy, at the same steps; the gaps to the bound."""
+    by = {(r["workload"], r["method"]): r for r in rows}
+    out = []
+    for (w, method), r in by.items():
+        if r["family"] != "project" or not method.startswith("greedy" + CP_TAG + "@"):
+            continue
+        size = method.split("@", 1)[1]
+        row = {"workload": w, "size": size, "target_tokens": r["target_tokens"]}
+        row["greedy_cp_tokens_per_s"] = r["tokens_per_s"]
+        row["gap_to_bound"] = r["gap_to_bound"]
+        for ref in (*FRAMEWORKS, "greedy"):
+            other = by.get((w, f"{ref}@{size}"))
+            ok = other is not None and other["tokens_per_s"]
+            row[f"vs_{ref}"] = r["tokens_per_s"] / other["tokens_per_s"] if ok else None
+            if ref in FRAMEWORKS:
+                row[f"{ref}_gap_to_bound"] = other["gap_to_bound"] if other else None
+        out.append(row)
+    return out
