@@ -140,19 +140,16 @@ class Cluster:
         out |= {g * k for k in _powers_of_two(self.num_nodes)} | {n}
         if self.topology is None:
             return sorted(out)
-        # With a topology the fabric's domains bound the groups: an NVLink domain larger
-        # than a node adds its halvings (72, 36, 18, 9 on NVL72), every domain its whole
-        # multiples. A degree d is kept when, for every domain size s, s divides d (whole
-        # domains) or d < s: then its groups sit inside a domain, aligned to the domain's
-        # start (placements(): 16 and 32 inside a 72-GPU rack at 0, 16, 32, 48 and 0, 32 of
-        # each rack).
-        sizes = self.topology.domain_sizes
+        # With a topology: an NVLink domain larger than a node adds its halvings (72, 36,
+        # 18, 9 on NVL72), every domain its whole multiples. Groups may then span domains
+        # (a 32-group over two 72-GPU racks, or over 24-GPU leaves): placements() and the
+        # planners' tables (table.plan_table) price each placement on the graph.
         nvl = self.topology.nvlink_domain
         if nvl > g:
             out |= {nvl // 2**k for k in range(nvl.bit_length()) if nvl % 2**k == 0}
-        for s in sizes:
+        for s in self.topology.domain_sizes:
             out |= {s * k for k in _powers_of_two(n // s)}
-        return sorted(d for d in out if all(d % s == 0 or d < s for s in sizes))
+        return sorted(out)
 
     @cached_property
     def allowed_degrees(self) -> tuple[int, ...]:
@@ -160,12 +157,14 @@ class Cluster:
         return tuple(sorted(self.degrees)) if self.degrees else tuple(self._natural_degrees())
 
     def placements(self, degree: int) -> tuple[int, ...]:
-        """Start ranks of the aligned placements of a group of `degree`: what validate()
-        accepts. Without a topology start % degree == 0. With one, the group is aligned to
-        the start of the smallest domain that holds it (the whole cluster if none does):
-        start = domain start + k * degree, so a 32-group in 72-GPU racks starts at 0 or 32
-        of a rack. Where every domain size is a multiple of the degree (or the degree of
-        the domain) that is start % degree == 0, as without a topology."""
+        """Start ranks a group of `degree` may take: what validate() accepts. Without a
+        topology, start % degree == 0. With one, those too (a group may then span domains:
+        9 x 32 over four 72-GPU racks, three across racks), plus the starts aligned to the
+        start of the smallest domain that holds the group when the degree does not divide
+        it: start = domain start + k * degree (a 32-group at 0 or 32 of every rack, 8 inside
+        racks where start % 32 == 0 gives 6). Where every domain size is a multiple of the
+        degree or of the domain (every power-of-two fabric, the two-level graph), the same
+        as without a topology."""
         if degree not in self.allowed_degrees:
             raise DcpOptError(
                 f"degree: {degree} not allowed; allowed: {list(self.allowed_degrees)}"
@@ -180,14 +179,14 @@ class Cluster:
         found = self._placement_memo.get(degree)
         if found is None:
             n = self.num_gpus
-            if self.topology is None:
-                starts = tuple(range(0, n - degree + 1, degree))
-            else:
+            starts = set(range(0, n - degree + 1, degree))
+            if self.topology is not None:
                 size = min(s for s in (*self.topology.domain_sizes, n) if s >= degree)
-                starts = tuple(
-                    b + k * degree for b in range(0, n, size) for k in range(size // degree)
-                )
-            found = self._placement_memo[degree] = (starts, frozenset(starts))
+                if size % degree:
+                    starts |= {
+                        b + k * degree for b in range(0, n, size) for k in range(size // degree)
+                    }
+            found = self._placement_memo[degree] = (tuple(sorted(starts)), frozenset(starts))
         return found
 
     @cached_property

@@ -42,20 +42,45 @@ class SeqTable:
 
 
 def seq_table(batch: Batch, cost: CostModel) -> SeqTable:
-    key = ("table", batch.fingerprint())
+    """Each degree priced at its cheapest placement: a lower bound of every placement, what
+    bounds read."""
+    return _table(batch, cost, worst=False)
+
+
+def plan_table(batch: Batch, cost: CostModel) -> SeqTable:
+    """What planners plan with: each degree priced at its costliest placement (class, on a
+    fabric where a degree's placements differ: a 32-group inside a 72-GPU rack or across
+    two), so that a plan is never slower than planned wherever its groups land; simulate()
+    then prices each group where it is. Where every degree's placements cost alike (every
+    cluster without a topology, every power-of-two fabric) it is seq_table itself."""
+    if one_price_per_degree(cost.cluster):
+        return seq_table(batch, cost)
+    return _table(batch, cost, worst=True)
+
+
+def one_price_per_degree(cluster) -> bool:
+    """Whether every placement of each allowed degree costs the same (one comm class): the
+    planners' tables are then exact wherever a group lands."""
+    if cluster.topology is None:
+        return True
+    return all(len(cluster.comm_classes(d)) == 1 for d in cluster.allowed_degrees)
+
+
+def _table(batch: Batch, cost: CostModel, worst: bool) -> SeqTable:
+    key = ("plan_table" if worst else "table", batch.fingerprint())
     if key in cost._cache:
         return cost._cache[key]
     if len(cost.sp_kinds) > 1:
-        cost._cache[key] = _least_over_kinds(batch, cost)
+        cost._cache[key] = _least_over_kinds(batch, cost, worst)
         return cost._cache[key]
-    out = _kind_table(batch, cost, "ulysses")
+    out = _kind_table(batch, cost, "ulysses", worst)
     cost._cache[key] = out
     return out
 
 
-def _least_over_kinds(batch: Batch, cost: CostModel) -> SeqTable:
+def _least_over_kinds(batch: Batch, cost: CostModel, worst: bool = False) -> SeqTable:
     """The elementwise least over cost.sp_kinds of each kind's table, the argmin recorded."""
-    tabs = [_kind_table(batch, cost, k) for k in cost.sp_kinds]
+    tabs = [_kind_table(batch, cost, k, worst) for k in cost.sp_kinds]
     times = np.stack([t.time for t in tabs])
     kind = np.argmin(times, axis=0)
     least = np.take_along_axis(times, kind[None], axis=0)[0]
@@ -69,7 +94,7 @@ def _least_over_kinds(batch: Batch, cost: CostModel) -> SeqTable:
     )  # fmt: skip
 
 
-def _kind_table(batch: Batch, cost: CostModel, sp_kind: str) -> SeqTable:
+def _kind_table(batch: Batch, cost: CostModel, sp_kind: str, worst: bool = False) -> SeqTable:
     """The table of one SP kind (every group of that kind)."""
     feats = cost.batch_features(batch)
     tokens = feats[:, -2]
@@ -83,7 +108,7 @@ def _kind_table(batch: Batch, cost: CostModel, sp_kind: str) -> SeqTable:
     rows = np.vstack([feats, np.zeros((len(levels), feats.shape[1]))])
     step = max(1, BLOCK_ELEMENTS // len(rows))
     blocks = [
-        _block(cost, tokens, rows, levels, degrees[a : a + step], sp_kind)
+        _block(cost, tokens, rows, levels, degrees[a : a + step], sp_kind, worst)
         for a in range(0, len(degrees), step)
     ]
     r_min, time, marginal = (np.vstack([b[k] for b in blocks]).T.copy() for k in range(3))
@@ -96,7 +121,9 @@ def _kind_table(batch: Batch, cost: CostModel, sp_kind: str) -> SeqTable:
 BLOCK_ELEMENTS = 8192
 
 
-def _block(cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...], sp_kind: str):
+def _block(
+    cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...], sp_kind: str, worst: bool
+):
     """(r_min, time, marginal) of a block of degrees, one row per degree (D, n), and the
     empty micro-batch's time (D,). Rows that fit nowhere (r = -1) are priced too, then
     masked: cheaper than copying the rows that fit."""
@@ -106,6 +133,12 @@ def _block(cost: CostModel, tokens, rows, levels, degrees: tuple[int, ...], sp_k
     r_min = cost.min_recompute(tokens, np.array(degrees)[:, None], caps, **kw)
     rec = np.hstack([r_min, np.broadcast_to(levels, (len(degrees), len(levels)))])
     t_all = cost.time_by_degree(rows, degrees, rec, **kw)
+    if worst:  # a degree whose placements differ: its costliest class (time grows with comm)
+        for i, d in enumerate(degrees):
+            classes = cost.cluster.comm_classes(d)
+            if len(classes) > 1:
+                at = [cost.time(rows, d, rec[i], spans_nodes=k, **kw) for k in classes]
+                t_all[i] = np.max(at, axis=0)
     t, empty = t_all[:, :n], t_all[:, n:]
     ok = r_min >= 0
     marginal = np.where(ok, t - np.take_along_axis(empty, r_min, axis=1), np.inf)

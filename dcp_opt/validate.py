@@ -112,7 +112,9 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
                         f"{where}: start {g.start_rank} is not a multiple of degree {g.degree}",
                     )
                 )
-            if c.straddles(g.start_rank, g.degree):  # with a topology: its domains
+            if c.straddles(g.start_rank, g.degree) and not (
+                c.topology is not None and c.is_placement(g.start_rank, g.degree)
+            ):  # with a topology: its domains, where placements() do not allow it
                 what = "nodes" if c.topology is None else "fabric domains"
                 out.append(Violation("NODE_STRADDLE", f"{where}: spans two {what}"))
             for r in g.ranks:

@@ -86,6 +86,7 @@ from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import check_planner_options
 from dcp_opt.result import PlanResult
+from dcp_opt.table import one_price_per_degree
 from dcp_opt.validate import InvalidPlanError
 
 from . import cpsat_extract as cx
@@ -381,7 +382,10 @@ def _pick(solver, data, v, inst, cost, best: Draft, clock: _Clock, name: str):
     # "optimal" only when the plan returned reaches the model's proven optimum: an extraction
     # that loses some of the model's packing is a feasible plan, not an optimal one.
     reached = returned <= solver.objective_value * data.unit * (1 + 1e-9) + 1e-12
-    word = "optimal" if name == "OPTIMAL" and data.complete and reached else "feasible"
+    # and only where the model's prices are each placement's own (table.plan_table prices a
+    # degree whose placements differ at its costliest: the model's optimum is not the plan's)
+    exact = data.complete and one_price_per_degree(cost.cluster)
+    word = "optimal" if name == "OPTIMAL" and exact and reached else "feasible"
     if keep_greedy:
         return None, word, "CP-SAT found nothing better than the greedy"
     return pick, word, "CP-SAT improved on the greedy"

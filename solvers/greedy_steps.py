@@ -12,7 +12,7 @@ import numpy as np
 from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
 from dcp_opt.cost import CostModel
-from dcp_opt.table import best_capacity, seq_table
+from dcp_opt.table import best_capacity, plan_table
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ CAP_SLACK = 1 + 1e-10
 
 
 def make_instance(batch: Batch, cost: CostModel) -> Instance:
-    tab = seq_table(batch, cost)
+    tab = plan_table(batch, cost)  # seq_table unless a degree's placements cost differently
     deg = np.asarray(tab.degrees)
     const = tab.const
     per_tok = float(cost.memory(1.0, 1, 0)) - cost.fixed_bytes()

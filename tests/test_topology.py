@@ -233,10 +233,14 @@ def test_nvl72_degrees_and_domains():
     one = cluster_preset("gb200-nvl72")
     assert {72, 36, 18, 9} <= set(one.allowed_degrees) and one.topology.nvlink_domain == 72
     four = cluster_preset("gb200-nvl72x4")
-    # 16, 32, 64 sit inside a rack, aligned to its start; 128 and 256 would cut a rack: refused
-    assert four.allowed_degrees == (1, 2, 4, 8, 9, 16, 18, 32, 36, 64, 72, 144, 288)
-    assert four.placements(32) == (0, 32, 72, 104, 144, 176, 216, 248)
-    assert four.placements(64) == (0, 72, 144, 216) and four.placements(144) == (0, 144)
+    # every power-of-two group of nodes, aligned (it may span racks), and 16/32/64 also at a
+    # rack's start + k * degree (inside the rack)
+    assert four.allowed_degrees == (1, 2, 4, 8, 9, 16, 18, 32, 36, 64, 72, 128, 144, 256, 288)
+    assert four.placements(32) == (
+        0, 32, 64, 72, 96, 104, 128, 144, 160, 176, 192, 216, 224, 248, 256,
+    )  # fmt: skip
+    assert four.placements(64) == (0, 64, 72, 128, 144, 192, 216)
+    assert four.placements(144) == (0, 144) and four.placements(36) == tuple(range(0, 288, 36))
     assert four.topology.domain_sizes == (72,)
     # inside a rack the whole NVLink group talks at NVLink rate; two racks go over IB
     g72, g144 = (group_comm(four.topology, 0, d) for d in (72, 144))
@@ -262,8 +266,8 @@ def test_validate_refuses_a_group_across_domains():
 
 
 def test_validate_accepts_exactly_the_placements():
-    """Inside 72-GPU racks a 32-group starts at 0 or 32 of a rack: validate() accepts those
-    and refuses every other start (a globally aligned 96 included), and greedy only uses them."""
+    """validate() accepts exactly Cluster.placements() on four 72-GPU racks (a 32-group at
+    a multiple of 32 or at 0 / 32 of a rack; 40 is neither), and greedy only uses them."""
     c = cluster_preset("gb200-nvl72x4")
     cost = CostModel(model_preset("llama-7b"), c)
     batch = Batch((Sequence(0, (1024,)),))
@@ -424,6 +428,32 @@ def test_switchless_mesh_by_hand():
     assert close(group_comm(t, 4, 4).per_byte_s, (1 / 3) / (64 * GB))
     assert close(group_comm(t, 0, 8).latency_s, 1e-6)  # one hop
     assert ring_bottleneck(t) == (1.0, 64 * GB)
+
+
+def test_plan_table_prices_the_costliest_placement():
+    """A degree whose placements differ (32 on four NVL72 racks: inside a rack, 8 + 24 or
+    16 + 16 across two) is planned at its costliest placement and bounded at its cheapest,
+    each checked against the cost model at every placement; a degree with one class (36)
+    and a power-of-two fabric keep the one table."""
+    from dcp_opt.table import plan_table, seq_table
+
+    c = cluster_preset("gb200-nvl72x4")
+    cost = CostModel(model_preset("llama-7b"), c)
+    batch = Batch(tuple(Sequence(i, (1 << (17 + i % 3),)) for i in range(6)))
+    lo, hi = seq_table(batch, cost), plan_table(batch, cost)
+    for d in (32, 36):
+        j = list(c.allowed_degrees).index(d)
+        for i, seq in enumerate(batch.sequences):
+            r = int(hi.r_min[i, j])
+            at = [
+                cost.microbatch_time([seq], d, r, spans_nodes=c.comm_class(s, d)).total_s
+                for s in c.placements(d)
+            ]
+            assert hi.time[i, j] == pytest.approx(max(at), rel=1e-12)
+            assert lo.time[i, j] == pytest.approx(min(at), rel=1e-12)
+            assert (max(at) > min(at) * 1.001) == (d == 32)
+    ft = CostModel(model_preset("llama-7b"), cluster_preset("h100-fattree-2to1"))
+    assert plan_table(batch, ft) is seq_table(batch, ft)
 
 
 def test_cpsat_places_non_power_of_two_degrees():
