@@ -71,7 +71,8 @@ class _Groups:
     def __init__(self, inst, placed, speeds, cap0, base):
         self.inst = inst
         self.deg = [j for _, j in placed]
-        self.load = [float(base)] * len(placed)
+        # base: when the group starts (phase 0's length), one for all or one per group
+        self.load = [float(b) for b in base] if np.ndim(base) else [float(base)] * len(placed)
         self.speeds = np.asarray(speeds, dtype=float).tolist()
         self.cap0 = np.asarray(cap0, dtype=float).tolist()
         self.bins: list[list[list]] = [[] for _ in placed]
@@ -446,7 +447,7 @@ def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draf
     phase0, base, pref, placed = spec
     items = np.flatnonzero(pref >= 0)
     if len(items) == 0:
-        return Draft(phase0, [], base)
+        return Draft(phase0, [], float(np.max(base, initial=0.0)))
     return _assign_draft(
         inst, cluster, items, pref, placed, inst.finish_lb, phase0, base, True, cutoff=cutoff
     )
