@@ -132,7 +132,10 @@ class LMHeadAdapter:
         tok, tgt = inputs
         # The layers sit between embed and norm; an identity keeps the cost of both ends.
         logits = self.lm.head(self.lm.norm(self.lm.embed(tok)))
-        return nn.functional.cross_entropy(logits.float(), tgt)
+        # In the logits' dtype, as LMTask.run (runtime/tasks.py) computes the loss: an fp32
+        # copy would save an fp32 log-softmax (4 B x vocab per token) the runtime never holds
+        # (benchmarks/bench_memory.py measured the head 60 % above the runtime's in bf16).
+        return nn.functional.cross_entropy(logits, tgt)
 
 
 def lm_target(cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32) -> ProfileTarget:
@@ -148,7 +151,8 @@ def lm_target(cfg, *, name: str = "tiny-lm", seed: int = 0, dtype=torch.float32)
         spec,
         {"layer": LMBlockAdapter(lm.layers[0], cfg.hidden, seed)},
         LMHeadAdapter(lm, seed),
-        signature=f"runtime.models.TinyLM/{cfg}/{dtype}",
+        # "loss in the logits' dtype": points cached with the old fp32 loss are not reused
+        signature=f"runtime.models.TinyLM/{cfg}/{dtype}/loss-in-logits-dtype",
     )
 
 
