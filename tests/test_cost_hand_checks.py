@@ -172,6 +172,17 @@ def test_sync_bytes_follow_the_mode_unless_set():
     assert CostModel(DIT, HAND, HAND_2D, "none").grad_reduce_bytes_per_param == 4.0
     fixed = dit_cost()  # 2.0 set: kept through a change of mode
     assert fixed.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 2.0
+    # any finite number >= 0 is a volume (0: a runtime that reduces nothing)
+    assert [dit_cost().with_(grad_reduce_bytes_per_param=v).grad_reduce_bytes_per_param
+            for v in (0, 0.5)] == [0.0, 0.5]  # fmt: skip
+
+
+def test_a_copy_forgets_the_memo():
+    # with_ gives a fresh memo: a figure memoised for the old cluster is not reused
+    cost = dit_cost()
+    assert close(cost.closing_step_time(), 208.49)
+    slow = HAND.with_(speed_factors=(0.5, 1.0, 1.0, 1.0, 1.0, 1.0))
+    assert close(cost.with_(cluster=slow).closing_step_time(), 208.49 / 0.5)
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("inf"), True, "2"])
