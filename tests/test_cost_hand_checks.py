@@ -18,7 +18,7 @@ from dcp_opt.cost import (
     loss_normalizer,
 )
 from dcp_opt.errors import DcpOptError
-from tests.test_cost_hand import DIT, HAND, HAND_2D, LM, close, dit_cost
+from tests.test_cost_hand import DIT, HAND, HAND_2D, LM, close, dit_cost, lm_cost
 
 
 # ---- the gradient sync (Thakur et al. 2005) ---------------------------------------------------
@@ -98,11 +98,30 @@ def test_fingerprint_tells_every_field_apart():
         base.with_(replicated_seq_s=0.2),
         base.with_(step_overhead_s=0.1),
         base.with_(step_overhead_s=0.2),
-    ]
+        base.with_(closing_step_s=2.5),
+        base.with_(closing_step_s=3.5),
+        base.with_(sp_kinds=("ulysses", "cp"), model=replace(DIT, kind="1d", num_layers=4),
+                   coeffs=replace(HAND_2D, blocks={"layer": HAND_2D.blocks["spatial"]})),
+    ]  # fmt: skip
     prints = [c.fingerprint() for c in variants]
     assert len(set(prints)) == len(prints)
     assert all(len(p) == 16 and int(p, 16) >= 0 for p in prints)
     assert dit_cost().fingerprint() == prints[0]  # equal models, equal prints
+
+
+def test_fingerprints_of_saved_plans_stay_valid():
+    """Pinned: plans and profiles saved by earlier versions carry these prints, and a knob
+    left off must not enter the hash (cost.py fingerprint). A change here invalidates every
+    saved plan of such a model: announce it and update the pins."""
+    assert dit_cost().fingerprint() == "1a48dc56fda12140"
+    knobs = dit_cost(
+        sp_compute_overhead=((3, 0.1),),
+        replicated_seq_s=0.2,
+        step_overhead_s=0.3,
+        closing_step_s=2.5,
+    )
+    assert knobs.fingerprint() == "95dd38743399c45c"
+    assert lm_cost(sp_kinds=("ulysses", "cp")).fingerprint() == "cc754d11b8cfb096"
 
 
 def test_combined_fingerprint_is_16_hex_of_both():
