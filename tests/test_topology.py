@@ -481,3 +481,21 @@ def test_cpsat_places_non_power_of_two_degrees():
 
 def _batch_of(n: int) -> Batch:
     return Batch(tuple(Sequence(i, (4096 * (i + 1),)) for i in range(n)))
+
+
+def test_searches_that_stop_at_their_sources_route_alike():
+    """The ring's route searches stop once their one source is reached; loads, bottlenecks
+    and, after them, every group's all-to-all (which needs whole searches: the cache must
+    search again) are those of whole searches."""
+    from dcp_opt.topology.comm import _toward
+
+    for topo in (cluster_preset("h100-superpod-4n").topology, fat_tree_2to1()):
+        early, whole = (Topology.from_dict(topo.to_dict()) for _ in range(2))
+        for t in range(len(whole.gpus)):
+            _toward(whole, t)
+        n = len(topo.gpus)
+        for start, d in [(0, n), (0, n // 2), (n // 2, n // 2), (2, 2)]:
+            assert group_ring(early, start, d) == group_ring(whole, start, d)
+        assert len(early._memo["toward"][1][0]) < len(whole._memo["toward"][1][0])
+        for start, d in [(0, n), (0, 4), (4, 4)]:
+            assert group_comm(early, start, d) == group_comm(whole, start, d)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from .model import Topology
 
 _HOP = 1000.0  # a hop in tier k weighs _HOP**k: fewer outer hops first (paths < 1000 hops)
+_INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -85,14 +86,24 @@ def _routes(topo: Topology):
     return topo._memo["adj"]
 
 
-def _toward(topo: Topology, t: int):
+def _toward(topo: Topology, t: int, sources=None):
     """For destination GPU rank t: (nodes by decreasing distance, next hops of each node
     [(node, directed link)], path latency to t of each node (its slowest ECMP path), the
-    tiered-hop distance of each node)."""
+    tiered-hop distance of each node). With `sources` (GPU ranks), the search stops once
+    they are reached: every node of their shortest paths is nearer to t than they are, so
+    what they need is settled (a ring's neighbour on the same node: a few nodes, not the
+    whole fabric). Cached; a later call for a source the stored search did not reach
+    searches again, whole."""
     memo = topo._memo.setdefault("toward", {})
-    if t in memo:
-        return memo[t]
     adj, links, gpu, gpu_idx = _routes(topo)
+    found = memo.get(t)
+    if found is not None:
+        reached = sources is not None and all(found[3][gpu_idx[s]] < _INF for s in sources)
+        if found[4] or reached:  # a whole search, or one that reached every source
+            return found
+        sources = None  # a source beyond the stored search: search whole, once
+    want = None if sources is None else {gpu_idx[s] for s in sources}
+    last = 0.0  # the distance of the farthest source settled
     dst = gpu_idx[t]
     dist = [float("inf")] * len(adj)
     dist[dst] = 0.0
@@ -101,7 +112,12 @@ def _toward(topo: Topology, t: int):
         du, u = heapq.heappop(heap)
         if done[u]:
             continue
+        if want is not None and not want and du > last:
+            break  # every source settled, and every node as near as the farthest of them
         done[u] = True
+        if want is not None and u in want:
+            want.discard(u)
+            last = du
         if gpu[u] and u != dst:
             continue
         for v, lid in adj[u]:
@@ -109,7 +125,8 @@ def _toward(topo: Topology, t: int):
             if nd < dist[v]:
                 dist[v] = nd
                 heapq.heappush(heap, (nd, v))
-    order = sorted((u for u in range(len(adj)) if dist[u] < float("inf")), key=lambda u: dist[u])
+    order = sorted((u for u in range(len(adj)) if done[u]), key=lambda u: dist[u])
+    dist = [d if done[u] else _INF for u, d in enumerate(dist)]  # settled only
     nexthops: list[list[tuple[int, int]]] = [[] for _ in adj]
     lat = [0.0] * len(adj)
     for u in order[1:]:  # increasing distance: next hops' latencies are known
@@ -117,17 +134,17 @@ def _toward(topo: Topology, t: int):
             if (v == dst or not gpu[v]) and dist[v] + _HOP ** links[lid][2] == dist[u]:
                 nexthops[u].append((v, lid))
         lat[u] = max(links[lid][1] + lat[v] for v, lid in nexthops[u])
-    memo[t] = (order[::-1], nexthops, lat, dist)
+    memo[t] = (order[::-1], nexthops, lat, dist, sources is None)
     return memo[t]
 
 
-def _loads(topo: Topology, pairs: dict[int, list[int]]) -> dict[int, float]:
+def _loads(topo: Topology, pairs: dict[int, list[int]], early: bool = False) -> dict[int, float]:
     """Directed link id -> flows it carries: one unit per (source, destination) pair,
     `pairs` = {destination rank: [source ranks]}, split evenly over ECMP next hops."""
     _, _, _, gpu_idx = _routes(topo)
     load: dict[int, float] = {}
     for t, sources in pairs.items():
-        order, nexthops, _, _ = _toward(topo, t)
+        order, nexthops, _, _, _ = _toward(topo, t, sources if early else None)
         flow = {gpu_idx[s]: 1.0 for s in sources}
         for u in order:
             f = flow.pop(u, 0.0)
@@ -209,7 +226,8 @@ def group_ring(topo: Topology, start: int, degree: int) -> tuple[float, float]:
             memo[key] = (0.0, 1.0)
             return memo[key]
         members = range(start, start + degree)
-        load = _loads(topo, {start + (r - start + 1) % degree: [r] for r in members})
+        # one source per destination, mostly on its node: searches that stop there
+        load = _loads(topo, {start + (r - start + 1) % degree: [r] for r in members}, True)
         loads, bws = _bottlenecks(topo, load)
         worst = max(range(k), key=lambda i: loads[i] / bws[i])
         memo[key] = (loads[worst], bws[worst])
