@@ -14,16 +14,28 @@ largest micro-batch is compared with the cost model's activation term for it.
         --dtype bfloat16 --quick --device cpu -o tiny_lm_bf16.profile.json
     python benchmarks/bench_memory.py --profile tiny_lm_bf16.profile.json   # measured act
 
-The FLOP-derived preset's activation coefficients assume fused GPU kernels (FlashAttention,
-fused norms); on the CPU the runtime's per-segment SDPA and fp32 norm internals save more,
-so the activation comparison uses a profile of this model (results/bench_memory.json was made
-with results/tiny_lm_bf16.profile.json).
+The activation comparison uses a profile of this model (results/bench_memory.json was made
+with results/tiny_lm_bf16.profile.json: the profiler's saved-tensor bytes of one layer and
+of the head, runtime/profile/measure.py); each row also gives the FLOP preset's figure.
+`breakdown` prints what autograd saves, by module, per local token (bf16, world 2, degree 1):
+per layer 2544 B: each RMSNorm 516 (eager rms_norm upcasts: fp32 input 256, fp32 normalised
+256, rsqrt 4), the attention call 616 (rope's cos/sin 64, positions 8, q/k/v copied per
+sequence length 384, SDPA's output 128 and fp32 logsumexp 16, two int64 gather indices 16),
+the out projection's input 128, the qkv input 128, the MLP 640; outside the layers 1686 (the
+loss's bf16 log-softmax 1024, the final norm 516, the head's input 128, ids). The profile
+measures 2648 per layer: its grid packs sequences of one length, where the reference path
+attends over views (v keeps the whole qkv output alive, 384 instead of 128, and the output is
+not copied), 104 B more than the mixed lengths of these plans; at degree d the gather
+indices cover the gathered sequence (+16 (d - 1) B per local token per layer). So the
+profiled term is 2-4 % high. The FLOP preset (act 1536, head 3072) assumes fused kernels
+(norms that save their bf16 input only, fused rope) and is about 30 % low on this model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 import torch
@@ -72,27 +84,51 @@ def saved_term(cost: CostModel, tokens: int, d: int, r: int) -> float:
 
 
 class SavedBytes:
-    """LMTask whose run records the bytes of the storages autograd saves (weights excluded)."""
+    """LMTask whose run records the bytes of the storages autograd saves (weights excluded),
+    each storage once, and by the module that saved it first (`layers.*.attn`: any layer;
+    `-`: outside every module, the loss). A view keeps its whole storage alive, so a storage
+    is the memory a saved tensor holds."""
 
     def __init__(self):
-        self.task, self.exclude, self.per_mb = LMTask(), set(), []
+        self.task, self.per_mb, self.stack = LMTask(), [], ["-"]
 
     def run(self, model, samples, state, **kw):
-        seen: dict[int, int] = {}
+        seen: dict[int, tuple[str, int]] = {}
         # weights: the gathered compute copy, counted in model states
-        self.exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        exclude = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
         def pack(t):
             st = t.untyped_storage()
-            if st.data_ptr() not in self.exclude:
-                seen[st.data_ptr()] = st.nbytes()
+            if st.data_ptr() not in exclude and st.data_ptr() not in seen:
+                seen[st.data_ptr()] = (self.stack[-1], st.nbytes())
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = self.task.run(model, samples, state, **kw)
+        hooks = self._track_modules(model)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = self.task.run(model, samples, state, **kw)
+        finally:
+            for h in hooks:
+                h.remove()
+        by_module: dict[str, int] = {}
+        for name, nbytes in seen.values():
+            key = re.sub(r"^layers\.\d+", "layers.*", name)
+            by_module[key] = by_module.get(key, 0) + nbytes
         tokens = sum(s.shape[0] - 1 for _, s in samples)
-        self.per_mb.append((tokens, state.sp.degree, state.recompute_layers, sum(seen.values())))
+        d, r = state.sp.degree, state.recompute_layers
+        self.per_mb.append((tokens, d, r, sum(by_module.values()), by_module))
         return out
+
+    def _track_modules(self, model) -> list:
+        """Forward hooks that keep the name of the innermost module running."""
+        hooks = []
+        for name, m in model.named_modules():
+            hooks.append(m.register_forward_pre_hook(lambda _m, _a, n=name: self.stack.append(n)))
+            hooks.append(m.register_forward_hook(lambda _m, _a, _o: self._pop()))
+        return hooks
+
+    def _pop(self) -> None:
+        self.stack.pop()  # returns None: the module's output stays as it is
 
 
 def job_measure(ctx, mode: str, dtype: str | None, plan_json: str, batch_dict: dict):
@@ -129,49 +165,94 @@ def measure(workers: DistWorkers, mode: str, dtype: str | None, profile=None) ->
     cost = cost_for(world, mode, dtype, profile)
     batch = Batch.from_lengths(LENGTHS)
     plan = run_planner("greedy", batch, cost).plan
+    preset = cost_for(world, mode, dtype)  # the FLOP-derived coefficients, beside
     rows = []
     outs = workers.run(job_measure, mode, dtype, plan.to_json(), batch.to_dict())
     for rank, out in enumerate(outs):
         held = out["held"]
         got = held["params"] + held["compute"] + held["grads"] + held["optimizer"]
         want = cost.model_state_bytes()
-        mbs = out["micro_batches"]
-        act, act_want, term = 0, 0.0, 0.0
-        if mbs:
-            tokens, d, r, act = max(mbs, key=lambda m: m[3])
-            act_want = saved_term(cost, tokens, d, r)
-            term = float(cost.memory(tokens, d, r)) - cost.fixed_bytes()
         rows.append(
             {
                 "world": world, "mode": mode, "dtype": dtype or "fp32", "rank": rank,
                 "params": held["params"], "compute": held["compute"], "grads": held["grads"],
                 "optimizer": held["optimizer"], "model_states": got,
                 "predicted_model_states": want, "model_states_error": got / want - 1,
-                "predicted_parts": predicted(cost), "peak_saved_activations": act,
-                "predicted_activations": act_want, "activation_term": term,
-                "coefficients": cost.coeffs.source,
-                "activations_error": act / act_want - 1 if act_want else None,
+                "predicted_parts": predicted(cost), "coefficients": cost.coeffs.source,
+                **activations(cost, preset, out["micro_batches"]),
             }
         )  # fmt: skip
     return rows
 
 
+def activations(cost: CostModel, preset: CostModel, mbs: list) -> dict:
+    """The largest micro-batch's saved bytes against the cost model's saved term for it,
+    and against the FLOP preset's; the saved bytes by module per local token (per layer
+    for `layers.*`: what differs from the coefficients)."""
+    if not mbs:
+        return {"peak_saved_activations": 0, "predicted_activations": 0.0,
+                "activation_term": 0.0, "activations_error": None,
+                "preset_activations": 0.0, "preset_activations_error": None}  # fmt: skip
+    tokens, d, r, act, by_module = max(mbs, key=lambda m: m[3])
+    want, flops = saved_term(cost, tokens, d, r), saved_term(preset, tokens, d, r)
+    local, L = tokens / d, cost.model.num_layers
+    return {
+        "tokens": tokens, "degree": d, "recompute_layers": r,
+        "peak_saved_activations": act, "predicted_activations": want,
+        "activation_term": float(cost.memory(tokens, d, r)) - cost.fixed_bytes(),
+        "activations_error": act / want - 1,
+        "preset_activations": flops, "preset_activations_error": act / flops - 1,
+        "saved_bytes_per_local_token": {
+            k: v / local / (L if k.startswith("layers.") else 1) for k, v in by_module.items()
+        },
+    }  # fmt: skip
+
+
 def table(rows: list[dict]) -> str:
     head = (
         f"{'world':>5} {'mode':>5} {'rank':>4} {'params':>9} {'compute':>9} {'grads':>9} "
-        f"{'optim':>9} {'states':>9} {'predicted':>9} {'err':>7} {'act':>9} {'act pred':>9} "
-        f"{'err':>7}"
+        f"{'optim':>9} {'states':>9} {'predicted':>9} {'err':>7} {'d':>2} {'act':>9} "
+        f"{'act pred':>9} {'err':>7} {'preset':>9} {'err':>7}"
     )
     lines = [head]
     for r in rows:
-        ae = "-" if r["activations_error"] is None else f"{100 * r['activations_error']:+.1f}%"
+        ae, pe = (
+            "-" if r[k] is None else f"{100 * r[k]:+.1f}%"
+            for k in ("activations_error", "preset_activations_error")
+        )
         lines.append(
             f"{r['world']:>5} {r['mode']:>5} {r['rank']:>4} {r['params']:>9} {r['compute']:>9} "
             f"{r['grads']:>9} {r['optimizer']:>9} {r['model_states']:>9} "
             f"{r['predicted_model_states']:>9.0f} {100 * r['model_states_error']:>+6.2f}% "
-            f"{r['peak_saved_activations']:>9} {r['predicted_activations']:>9.0f} {ae:>7}"
+            f"{r.get('degree', '-'):>2} {r['peak_saved_activations']:>9} "
+            f"{r['predicted_activations']:>9.0f} {ae:>7} {r['preset_activations']:>9.0f} {pe:>7}"
         )
     return "\n".join(lines)
+
+
+def breakdown(rows: list[dict], profile: str | None) -> str:
+    """Saved bytes per local token by module (rank 0 of each world's first mode), beside the
+    coefficients they are compared with."""
+    out = []
+    for world in sorted({r["world"] for r in rows}):
+        r = next(x for x in rows if x["world"] == world and "saved_bytes_per_local_token" in x)
+        parts = r["saved_bytes_per_local_token"]
+        layer = sum(v for k, v in parts.items() if k.startswith("layers."))
+        rest = sum(v for k, v in parts.items() if not k.startswith("layers."))
+        out.append(
+            f"world {world}, degree {r['degree']}: per layer {layer:.1f} B/local token "
+            f"({', '.join(f'{k} {v:.1f}' for k, v in sorted(parts.items()) if k.startswith('layers.'))}); "
+            f"outside the layers {rest:.1f}"
+        )
+    for name, src in (("profile", profile), ("FLOP preset", None)):
+        if name == "profile" and not src:
+            continue
+        co = cost_for(2, "zero1", "bf16", src).coeffs
+        out.append(
+            f"{name}: act {co.act_bytes_per_token_layer:.1f} B/token/layer, "
+            f"head {co.head_bytes_per_token:.1f} B/token"
+        )
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -195,6 +276,7 @@ def main(argv=None) -> int:
     print(f"model states and saved activations per rank, bytes ({args.dtype}, TinyLM {CFG})")
     print(f"activation coefficients: {src}; 'act pred' = the saved part of the activation term")
     print(table(rows))
+    print(breakdown(rows, args.profile))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "dcp-opt-bench-memory/1", "rows": rows}, f, indent=1)
