@@ -294,10 +294,6 @@ def test_an_extra_of_no_buckets_dtype_travels_alone_and_missing_grads_are_zeros(
 
 
 # ---- what execute_step checks, and what it passes on --------------------------------------
-def job_execute(pool, plan, task, model, data, kwargs):
-    return execute_step(plan, task, model, data, pool=pool, state=SPState(), step=STEP, **kwargs)
-
-
 def failures(world, *args, **kw) -> dict:
     """Each rank's exception (as str, type name) from one run that must fail on every rank."""
     import pytest
@@ -315,9 +311,9 @@ def lm_setup(world, plan_kind="tokens"):
 
 
 def job_models(pool, plan, task, models, data, kwargs):
-    model = models[pool.rank]
-    parallelize(model, SPState())
-    return job_execute(pool, plan, task, model, data, kwargs)
+    model, state = models[pool.rank], SPState()
+    parallelize(model, state)
+    return execute_step(plan, task, model, data, pool=pool, state=state, step=STEP, **kwargs)
 
 
 def test_ranks_holding_different_plans_fail_together_naming_them():
@@ -546,3 +542,19 @@ def test_seeded_generator_depends_on_seed_step_sequence_and_salt_only():
               draw(3, 7, seed=2, salt="a"), draw(3, 7, seed=1, salt="b"), draw(7, 3, seed=1, salt="a")]  # fmt: skip
     assert all(o != base for o in others)
     assert len({tuple(o) for o in others}) == len(others)
+
+
+def test_one_byte_buckets_are_allowed_and_send_one_parameter_each():
+    """bucket_bytes=1, the smallest allowed: every parameter is its own all-reduce (the loss
+    rides in the first), and the step still equals the definition."""
+    plan, batch = case("1d", 2)
+    models = [make_model("1d", SEED) for _ in range(2)]
+    data = make_data("1d", batch, SEED)
+    with Recording("all_reduce") as sent:
+        results = run_world(2, job_models, plan, LMTask(), models, data, {"bucket_bytes": 1})
+    want_loss, want_grads = reference("1d", plan.normalizer_kind, batch, SEED, STEP)
+    sizes = [p.numel() for p in models[0].parameters()]
+    for rank, report in enumerate(results):
+        assert [n for _, n in sent.of(rank)] == [sizes[0] + 1, *sizes[1:]]
+        assert abs(report.loss - want_loss) <= TOL * want_loss
+        assert max_relative_error(grads(models[rank]), want_grads) <= TOL
