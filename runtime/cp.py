@@ -115,10 +115,9 @@ def cp_attention(
     window) of the padded whole stream. Padding attends to earlier padding only."""
     kv_heads = k.shape[1]
     kv = gather_tokens(torch.cat([k, v], dim=1), sp)  # one call: K and V together
+    # kv heads stay unrepeated: _attend's GQA is native (SDPA enable_gqa), so backward keeps
+    # the gathered K/V at kv_heads, as the cost model charges (cp_cost.extra_act_bytes)
     k_all, v_all = kv[:, :kv_heads], kv[:, kv_heads:]
-    groups = q.shape[1] // kv_heads
-    if groups > 1:
-        k_all, v_all = (x.repeat_interleave(groups, dim=1) for x in (k_all, v_all))
     dev = q.device
     qi, ki = layout[sp.rank].to(dev), layout.reshape(-1).to(dev)
     seg, pos = segments.to(dev), positions.to(dev)

@@ -110,28 +110,3 @@ def test_bad_cp_entry_is_a_one_line_error(tmp_path, edit, match):
     p.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=match):
         load_profile(p)
-
-
-@pytest.fixture(scope="module")
-def workers():
-    from dcp_opt.runtime.testing import DistWorkers
-
-    w = DistWorkers(2, timeout_s=60.0)
-    yield w
-    w.close()
-
-
-def _measure(ctx):
-    from dcp_opt.runtime.profile.fit import measure_cp_collectives
-
-    return measure_cp_collectives(None, sizes_bytes=(1 << 12, 1 << 15, 1 << 18), repeats=3)
-
-
-def test_measured_on_gloo_at_world_2(workers):
-    # the runtime's own collectives (runtime/cp.py) on two gloo ranks, small buffers; every
-    # rank fits the same group-wide (slowest member's) times
-    got = workers.run(_measure)
-    assert got[0] == got[1] and got[0].group_size == 2
-    for bw, lat in (got[0].rates("all_gather"), got[0].rates("reduce_scatter")):
-        assert 1e5 < bw < 1e13 and 0 <= lat < 1.0  # a CPU's memory copies, not nonsense
-    CostModel(MODEL, CLUSTER, COEFFS, cp_comm=(got[0],))  # usable as measured
