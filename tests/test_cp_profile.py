@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from dcp_opt.cost import CostModel
-from dcp_opt.cp_cost import CPMeasurement
+from dcp_opt.cp_cost import CPMeasurement, comm_time_per_layer
 from dcp_opt.errors import DcpOptError
 from dcp_opt.profile_io import (
     ProfileError,
@@ -51,6 +52,18 @@ def test_time_parts_backward_pays_the_reduce_scatter():
     # across nodes: no measurement applies, (2L + r) x 6.3e-4 s
     _, _, m8 = MEASURED.time_parts(f, 8, 1, spans_nodes=True, kind="cp")
     assert m8 == pytest.approx(5 * 6.3e-4, rel=1e-12)
+
+
+def test_measured_rates_vectorised_match_scalar():
+    # a column of degrees against a row of token counts, some groups across nodes: each
+    # entry as the scalar call (the measured rates inside a node, the NIC's across)
+    tokens, d = np.array([100.0, 1000.0, 5000.0]), np.array([[2], [4], [8]])
+    for collective in ("all_gather", "reduce_scatter"):
+        got = comm_time_per_layer(MEASURED, tokens, d, d > 4, collective)
+        for i, dd in enumerate((2, 4, 8)):
+            for j, t in enumerate(tokens):
+                assert got[i, j] == comm_time_per_layer(MEASURED, t, dd, dd > 4, collective)
+    assert got[1, 1] == pytest.approx(5.4e-5, rel=1e-12)  # d=4, 1000 tokens: reduce-scatter
 
 
 def test_cp_comm_checked_and_fingerprinted():
