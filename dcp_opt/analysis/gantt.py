@@ -60,7 +60,7 @@ def plot_plan(plan: Plan, batch: Batch, cost: CostModel, *, title: str | None = 
     ax.set_ylabel("rank")
     ax.set_yticks([r + 0.5 for r in range(n)], [str(r) for r in range(n)], fontsize=7)
     fig.suptitle(title or _title(plan, sim, cost), fontsize=10)
-    _legend(fig)
+    _legend(fig, cost)
     return fig
 
 
@@ -173,15 +173,20 @@ def _draw_memory(ax, sim: SimResult, cost: CostModel) -> None:
     ax.tick_params(labelleft=False)
 
 
-def _legend(fig) -> None:
+def _legend(fig, cost: CostModel) -> None:
     from matplotlib.patches import Patch
+
+    # the step's world collectives as runtime/sharding.py runs the mode (CostModel.grad_sync_time)
+    sync = "gradient all-reduce"
+    if cost.optimizer_sharding != "none":
+        sync = "all-gather + reduce-scatter + closing step"
 
     labels = {
         "compute": "compute",
         "recompute": "recompute",
         "comm": "all-to-all",
         "idle": "idle",
-        "grad_sync": "gradient all-reduce",
+        "grad_sync": sync,
         "states": "model states + reserve",
         "activations": "activations",
     }

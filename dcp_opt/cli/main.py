@@ -303,6 +303,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"
     )
+    coll = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in s["collectives"].items())
+    print(
+        f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per rank "
+        f"({s['collectives_s']:.4f} s); closing micro-step {s['closing_step_s']:.4f} s"
+    )
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
     print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
     print(
