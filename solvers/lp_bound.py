@@ -232,23 +232,44 @@ def rank_bound(
 
     Every valid plan runs each sequence i in one group of some degree d at a placement s of
     cluster.placements(d) (validate()), and a rank's finish is at least the summed time of
-    the micro-batches it is a member of, each at least its constant plus the marginal time
-    of its sequences (lp_bound's big-sequence rows use the same fact). So T >= c_min +
-    sum_{(i, d, s) covering r} m_i(d) for every rank r, with y_{i,d,s} in {0, 1},
-    sum_{d,s} y = 1, and the work row sum y * work_i(d) <= capacity * T. Phases, their
-    order and idle waiting are left out, which can only lower the optimum: it is a
-    relaxation of every plan, any number of phases. (It is nearly exact on homogeneous
-    clusters: with phases ordered widest group first, every member of a group is free at
-    the same time.) Sequences with identical rows form one class (integer counts y_{k,d,s}
-    in [0, c_k]); a class whose longest time is under `integer_share` x the LP bound is
+    the micro-batches it is a member of. Each micro-batch takes at least its constant plus
+    the marginal times of its sequences (lp_bound's big-sequence rows use the same fact),
+    and at least the sum over its sequences of marginal time plus share of the constants
+    (lp_bound's work row, per member: work_i(d) / d). So with y_{i,d,s} in {0, 1},
+    sum_{d,s} y = 1, for every rank r: T >= c_min + sum_{(i,d,s) covering r} m_i(d) and
+    T >= sum_{(i,d,s) covering r} work_i(d) / d, all at the fastest speed; and the work row
+    sum y * work_i(d) <= capacity * T. Phases, their order and idle waiting are left out,
+    which can only lower the optimum: it is a relaxation of every plan, any number of
+    phases. (Nearly exact on homogeneous clusters: with phases ordered widest group first,
+    every member of a group is free at the same time; solvers/rank_plan.py builds that
+    plan.) Sequences with identical rows form one class (integer counts y_{k,d,s} in
+    [0, c_k]); a class whose longest time is under `integer_share` x the LP bound is
     continuous (relaxing integrality only lowers the optimum). Sibling blocks of ranks that
     the placements treat alike are ordered by load (swap them in any plan: a symmetry of the
     relaxation). HiGHS' dual bound holds at the time limit too; max with lp_bound."""
+    lp = lp_bound(batch, cost, time_limit_s=min(0.3, time_limit_s))
+    sync = cost.grad_sync_time()
+    res, integer, cls, _ = rank_milp(batch, cost, lp.value_s - sync, time_limit_s, integer_share)
+    dual = getattr(res, "mip_dual_bound", None)
+    finish = float(dual) if dual is not None and np.isfinite(dual) else 0.0
+    # HiGHS' row feasibility tolerance (1e-7 relative): keep a margin of its size
+    finish -= 1e-6 * abs(finish)
+    return RankBound(
+        max(finish + sync, lp.value_s),
+        lp.value_s,
+        res.status == 0,
+        int(integer.sum()),
+        len(cls),
+    )
+
+
+def rank_milp(batch: Batch, cost: CostModel, t0: float, time_limit_s: float, integer_share: float):
+    """The relaxation of rank_bound solved by HiGHS: (result, integer mask per class, classes,
+    placements (degree index, degree, start)); result.x[k * P + p] members of class k at
+    placement p, the last entry T. `t0`: a finish bound, for `integer_share`."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
     from scipy.sparse import lil_matrix  # noqa: PLC0415
 
-    lp = lp_bound(batch, cost, time_limit_s=min(0.3, time_limit_s))
-    sync = cost.grad_sync_time()
     dat = _data(batch, cost)
     cls = _classes(dat)
     c = cost.cluster
@@ -261,13 +282,17 @@ def rank_bound(
     ok = np.isfinite(m_kp) & np.isfinite(w_kp)
     m_kp, w_kp = np.where(ok, m_kp, 0.0), np.where(ok, w_kp, 0.0)
     count = np.array([len(m) for m in cls], dtype=float)
-    t0 = lp.value_s - sync
     integer = np.array([m_kp[k][ok[k]].max(initial=0.0) >= integer_share * t0 for k in range(k_n)])
     cover = np.zeros((n_gpus, p_n))
     for p, (_, d, s) in enumerate(pos):
         cover[s : s + d, p] = 1.0
+    # per member of a group, its work over the degree (marginal time plus the least share
+    # of micro-batch constants it carries, lp_bound's work row) at the fastest speed
+    top = float(np.maximum(np.asarray(c.speed_factors or (1.0,)), 1.0).max())
+    deg_p = np.array([d for _, d, _ in pos], dtype=float)
+    s_kp = w_kp / deg_p[None, :] / top
     sym = _sibling_pairs(pos, n_gpus)
-    a = lil_matrix((k_n + n_gpus + 1 + len(sym), nv))
+    a = lil_matrix((k_n + 2 * n_gpus + 1 + len(sym), nv))
     lo, hi = np.zeros(a.shape[0]), np.zeros(a.shape[0])
     for k in range(k_n):  # every member once
         a[k, k * p_n : (k + 1) * p_n] = 1.0
@@ -276,7 +301,11 @@ def rank_bound(
         a[k_n + r, : k_n * p_n] = (m_kp * cover[r][None, :]).ravel()
         a[k_n + r, nv - 1] = -1.0
         lo[k_n + r], hi[k_n + r] = -np.inf, -dat.c_min
-    row = k_n + n_gpus  # the work row
+    for r in range(n_gpus):  # ... and by the shares instead of one constant
+        a[k_n + n_gpus + r, : k_n * p_n] = (s_kp * cover[r][None, :]).ravel()
+        a[k_n + n_gpus + r, nv - 1] = -1.0
+        lo[k_n + n_gpus + r], hi[k_n + n_gpus + r] = -np.inf, 0.0
+    row = k_n + 2 * n_gpus  # the work row
     a[row, : k_n * p_n] = w_kp.ravel()
     a[row, nv - 1] = -dat.capacity
     lo[row], hi[row] = -np.inf, 0.0
@@ -295,17 +324,7 @@ def rank_bound(
         bounds=Bounds(np.zeros(nv), ub),
         options={"time_limit": max(time_limit_s, 0.01), "disp": False},
     )
-    dual = getattr(res, "mip_dual_bound", None)
-    finish = float(dual) if dual is not None and np.isfinite(dual) else 0.0
-    # HiGHS' row feasibility tolerance (1e-7 relative): keep a margin of its size
-    finish -= 1e-6 * abs(finish)
-    return RankBound(
-        max(finish + sync, lp.value_s),
-        lp.value_s,
-        res.status == 0,
-        int(integer.sum()),
-        k_n,
-    )
+    return res, integer, cls, pos
 
 
 def _classes(dat: _Data) -> list[list[int]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 from dcp_opt.solvers.lp_bound import _sibling_pairs, lp_bound, rank_bound
+from dcp_opt.solvers.rank_plan import rank_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -89,3 +90,29 @@ def test_rank_bound_is_below_any_valid_plan(dense, data):
     sim = simulate(plan, inst.batch, inst.cost)
     rb = rank_bound(inst.batch, inst.cost, time_limit_s=0.3)  # the dual bound at a limit holds
     assert sim.step_time_s >= rb.value_s * (1 - REL), (sim.step_time_s, rb)
+
+
+def test_rank_plan_by_hand():
+    # the instance above: the relaxation's optimum as a plan, one micro-batch per sequence,
+    # so the rank holding a 4 and the 3 pays the constant twice: 24.5 + 18.5 = 43
+    cost = toy_cost(1, 3, 400.0, degrees=(1,))
+    batch = Batch.from_lengths([4, 4, 4, 3])
+    res = rank_plan(batch, cost, time_limit_s=5.0)
+    assert validate(res.plan, batch, cost) == []
+    assert res.predicted_step_time_s == pytest.approx(43.0, rel=REL)
+    assert sorted(len(g.micro_batches) for g in res.plan.phases[0].groups) == [1, 1, 2]
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_rank_plan_is_a_valid_plan_above_the_bound(data):
+    inst = data.draw(hs.instances(max_seqs=6))
+    cost, batch = inst.cost, inst.batch
+    res = rank_plan(batch, cost, time_limit_s=2.0)
+    c = cost.cluster
+    if c.speed_factors is None and c.memory_per_rank is None:
+        assert res is not None  # every placement has the memory the relaxation assumed
+    if res is not None:
+        assert validate(res.plan, batch, cost) == []
+        bound = rank_bound(batch, cost, time_limit_s=2.0).value_s
+        assert res.predicted_step_time_s >= bound * (1 - REL)

@@ -1,0 +1,67 @@
+"""A plan from the rank-assignment relaxation (solvers/lp_bound.rank_milp), for benchmarks.
+
+Each group of the relaxation's solution runs in a phase of its degree, widest first, each
+sequence in its own micro-batch at the fewest recomputed layers that fit the group. Members
+of an aligned group were members of the same wider groups before it, so they are free at the
+same moment and no rank waits: the plan's finish is the relaxation's plus the micro-batch
+constants beyond the one per rank it counts. So a valid plan close to the certified bound
+(bench_robust's explain) shows that a gap left to a planner is the planner's, not the
+bound's. It takes seconds (HiGHS on the full integer program), not a step's budget.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from dcp_opt.batch import Batch
+from dcp_opt.cost import CostModel
+from dcp_opt.plan import Group, MicroBatch
+from dcp_opt.result import PlanResult
+from dcp_opt.validate import InvalidPlanError
+
+from .common import finish
+from .lp_bound import lp_bound, rank_milp
+
+
+def rank_plan(batch: Batch, cost: CostModel, *, time_limit_s: float = 10.0) -> PlanResult | None:
+    """The relaxation's best solution within `time_limit_s` as a plan; None if HiGHS found
+    none or it is not a valid plan (a sequence that fits the relaxation's best-capacity
+    placement but not this one's memory)."""
+    started = time.perf_counter()
+    sync = cost.grad_sync_time()
+    t0 = lp_bound(batch, cost, time_limit_s=0.3).value_s - sync
+    res, _, cls, pos = rank_milp(batch, cost, t0, time_limit_s, 0.0)
+    if res.x is None:
+        return None
+    y = np.rint(res.x[:-1]).reshape(len(cls), len(pos)).astype(int)
+    members: dict[int, list[int]] = {}
+    for k, seqs in enumerate(cls):
+        left = iter(seqs)
+        for p in np.flatnonzero(y[k]).tolist():
+            members.setdefault(p, []).extend(next(left) for _ in range(y[k, p]))
+    by_degree: dict[int, list[Group]] = {}
+    for p, idx in members.items():
+        _, d, start = pos[p]
+        group = _group(batch, cost, idx, d, start)
+        if group is None:
+            return None
+        by_degree.setdefault(d, []).append(group)
+    phases = [by_degree[d] for d in sorted(by_degree, reverse=True)]
+    try:
+        return finish(phases, batch, cost, planner="rank-plan", started=started)
+    except InvalidPlanError:
+        return None
+
+
+def _group(batch: Batch, cost: CostModel, idx: list[int], d: int, start: int) -> Group | None:
+    cap = cost.capacity(start, d)
+    mbs = []
+    for i in idx:
+        s = batch.sequences[i]
+        r = int(cost.min_recompute(float(s.num_tokens), d, cap))
+        if r < 0:
+            return None
+        mbs.append(MicroBatch((s.id,), r))
+    return Group(start, d, tuple(mbs))
