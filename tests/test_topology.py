@@ -271,7 +271,7 @@ def test_validate_accepts_exactly_the_placements():
     c = cluster_preset("gb200-nvl72x4")
     cost = CostModel(model_preset("llama-7b"), c)
     batch = Batch((Sequence(0, (1024,)),))
-    for d in (16, 32, 36, 64):
+    for d in (16, 32, 64):
         ok = set(c.placements(d))
         for start in range(0, 288 - d + 1):
             groups = [Group(r, 1, ()) for r in range(288) if not start <= r < start + d]
@@ -471,9 +471,10 @@ def test_cpsat_places_non_power_of_two_degrees():
     assert starts is not None and starts[list(c.allowed_degrees).index(36)] == (0, 36)
     h = CostModel(model_preset("llama-7b"), cluster_preset("h100x64"))
     assert placement_starts(make_instance(_batch_of(8), h), h.cluster) is None
-    res = run_planner("cpsat", batch, cost, time_limit_s=2.0, deterministic=True)
+    res = run_planner("cpsat", batch, cost, time_limit_s=0.5, deterministic=True)
     greedy = run_planner("greedy", batch, cost)
     assert res.status != "fallback", res.message
+    assert res.stats["cpsat_status"] in ("OPTIMAL", "FEASIBLE")  # the model was solved
     assert validate(res.plan, batch, cost) == []
     assert all(c.is_placement(g.start_rank, g.degree) for p in res.plan.phases for g in p.groups)
     assert res.predicted_step_time_s <= greedy.predicted_step_time_s * (1 + 1e-9)
