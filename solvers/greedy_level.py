@@ -18,11 +18,16 @@ fullest whose ranks still meet T), else into a new slot, else wherever the lates
 grows least. Phase 1 (every rank, degree-j groups, each starting after its ranks' phase 0)
 is then re-assigned by the greedy's step 3 (greedy.rule_draft), so the draft's finish is
 exact up to packing. j: the degree of least packed work; w: every wider degree the whole
-batch fits at; f: GRID. Tried only where the best draft so far is more than MIN_GAP above
-the bound (elsewhere it can gain little) and on at most MAX_SEQS sequences.
+batch fits at; f: GRID. Every (w, f) is split (plain lists, a heap), and the KEEP of
+least estimated finish are drafted. Tried only where the best draft so far is more than
+MIN_GAP above the bound (elsewhere it can gain little) and on at most MAX_SEQS sequences:
++6-18 ms of CPU on the issue's h200x32 batches (73 and 306 sequences), nothing on the
+preset's 64 x 512 (above MAX_SEQS).
 """
 
 from __future__ import annotations
+
+import heapq
 
 import numpy as np
 
@@ -31,91 +36,106 @@ from .greedy_steps import Instance, place
 GRID = (1.0, 1.03, 1.06, 1.1)
 MIN_GAP = 0.02
 MAX_SEQS = 400
+KEEP = 3  # candidates drafted (greedy.rule_draft): the best by the split's own finish
 
 
 def specs(inst: Instance, cluster, best: float) -> list[tuple[tuple, object]]:
-    """(how, build) of every overflow-first candidate worth trying against `best`."""
+    """(how, build) of the overflow-first candidates worth drafting against `best`: every
+    (w, f) is split (cheap), the KEEP of least estimated finish are returned."""
     n = len(inst.ids)
     if n > MAX_SEQS or not best > inst.finish_lb * (1 + MIN_GAP):
         return []
     work = np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees
     usable = np.flatnonzero(inst.usable).tolist()
     j = min(usable, key=lambda k: float(np.where(np.isfinite(work[:, k]), work[:, k], 0).sum()))
-    out = []
+    scored = []
     for w in usable:
         if inst.degrees[w] <= inst.degrees[j] or not np.isfinite(inst.time[:, w]).all():
             continue
         for f in GRID:
-            out.append(
-                (("overflow-first", j, w, f), lambda w=w, f=f: build(inst, cluster, j, w, f))
-            )
-    return out
+            spec, est = _build(inst, cluster, j, w, f)
+            if est < best:
+                scored.append((est, ("overflow-first", j, w, f), spec))
+    scored.sort(key=lambda x: x[0])
+    return [(how, lambda spec=spec: spec) for _, how, spec in scored[:KEEP]]
 
 
 def build(inst: Instance, cluster, j: int, w: int, f: float):
     """(phase0, base, pref, placed) as greedy_rules' builds give them (greedy.rule_draft),
     `base` per phase-1 group: the phase-0 load of its ranks."""
+    return _build(inst, cluster, j, w, f)[0]
+
+
+def _build(inst: Instance, cluster, j: int, w: int, f: float):
+    """build()'s spec and the split's estimate of its finish."""
     deg = inst.degrees.tolist()
     slots = place([w] * (inst.num_gpus // deg[w]), inst, cluster)
     placed = place([j] * (inst.num_gpus // deg[j]), inst, cluster)
     # parent[g]: the phase-0 slot holding phase-1 group g (j < w: aligned groups nest)
-    rank_slot = np.full(inst.num_gpus, -1)
+    rank_slot = [-1] * inst.num_gpus
     for q, (s, _) in enumerate(slots):
-        rank_slot[s : s + deg[w]] = q
-    parent = np.array([rank_slot[s] for s, _ in placed])
-    bins, load0 = _split(inst, j, w, parent, len(slots), inst.finish_lb * f)
+        rank_slot[s : s + deg[w]] = [q] * deg[w]
+    parent = [rank_slot[s] for s, _ in placed]
+    bins, load0, est = _split(inst, j, w, parent, len(slots), inst.finish_lb * f)
     phase0 = [(s, jw, b) for (s, jw), b in zip(slots, bins, strict=True) if b]
     over = np.zeros(len(inst.ids), dtype=bool)
     for b in bins:
         over[[i for (i,), _ in b]] = True
-    base = [float(load0[q]) if q >= 0 else 0.0 for q in parent.tolist()]
-    return phase0, base, np.where(over, -1, j), placed
+    base = [load0[q] if q >= 0 else 0.0 for q in parent]
+    return (phase0, base, np.where(over, -1, j), placed), est
 
 
-def _split(inst: Instance, j: int, w: int, parent: np.ndarray, n_slots: int, target: float):
-    """Phase-0 bins per slot and slot loads (module docstring): longest first at j, each
-    sequence to the phase-1 group that finishes it first if that meets T, else into an
-    open phase-0 slot (the fullest that meets T), else into a new slot, else wherever the
-    latest finish grows least. Loads of phase 1 only steer: rule_draft re-assigns."""
-    t, r_w = inst.time, inst.r_min[:, w]
-    load0 = np.zeros(n_slots)
-    load1 = np.zeros(len(parent))
-    opened = np.zeros(n_slots, dtype=bool)
+def _split(inst: Instance, j: int, w: int, parent: list, n_slots: int, target: float):
+    """Phase-0 bins per slot, slot loads and the latest finish (module docstring): longest
+    first at j, each sequence to the phase-1 group that finishes it first if that meets T,
+    else into an open phase-0 slot (the fullest that meets T), else into a new slot, else
+    wherever the latest finish grows least. Phase 1's loads only steer (rule_draft
+    re-assigns). Plain lists and a heap of phase-1 finishes, rebuilt when phase 0 grows:
+    this runs for every (w, f)."""
+    t_j, t_w = inst.time[:, j].tolist(), inst.time[:, w].tolist()
+    r_w = inst.r_min[:, w].tolist()
+    inf = float("inf")
+    load0 = [0.0] * n_slots
+    top1 = [0.0] * (n_slots + 1)  # busiest phase-1 load under each slot (last: no slot)
+    load1 = [0.0] * len(parent)
+    par = [q if q >= 0 else n_slots for q in parent]
+    kids: list[list[int]] = [[] for _ in range(n_slots + 1)]
+    for g, q in enumerate(par):
+        kids[q].append(g)
+    opened = [False] * n_slots
     bins: list[list] = [[] for _ in range(n_slots)]
-    # a phase-1 group outside every slot (a remainder of ranks) has no phase-0 load
-    par = np.where(parent >= 0, parent, n_slots)
-    order = np.argsort(-np.where(np.isfinite(t[:, j]), t[:, j], np.inf), kind="stable")
-    for i in order.tolist():
-        tj, tw = t[i, j], t[i, w]
-        total = np.append(load0, 0.0)[par] + load1
-        g = int(np.argmin(total))
-        fin1 = total[g] + tj
-        if fin1 <= target:
+    heap = [(0.0, g) for g in range(len(par))]
+    order = sorted(range(len(t_j)), key=lambda i: -t_j[i])
+    for i in order:
+        tj, tw = t_j[i], t_w[i]
+        fin1, g = heap[0]
+        if fin1 + tj <= target:
+            heapq.heapreplace(heap, (fin1 + tj, g))
             load1[g] += tj
+            top1[par[g]] = max(top1[par[g]], load1[g])
             continue
-        worst = _slot_worst(load0, load1, par, n_slots) + tw  # finish of each slot with i
-        fits = worst <= target
-        if not np.isfinite(tw):
+        worst = [load0[q] + top1[q] + tw for q in range(n_slots)]
+        fit = [q for q in range(n_slots) if worst[q] <= target]
+        if tw == inf:
             q = -1
-        elif (fits & opened).any():
-            q = int(np.argmax(np.where(fits & opened, load0, -np.inf)))
-        elif (fits & ~opened).any():
-            q = int(np.argmax(fits & ~opened))
+        elif any(opened[q] for q in fit):
+            q = max((q for q in fit if opened[q]), key=lambda q: load0[q])
+        elif fit:
+            q = fit[0]
         else:
-            q = int(np.argmin(worst))
-            if np.isfinite(tj) and fin1 <= worst[q]:
+            q = min(range(n_slots), key=worst.__getitem__)
+            if tj < inf and fin1 + tj <= worst[q]:
                 q = -1
         if q < 0:
+            heapq.heapreplace(heap, (fin1 + tj, g))
             load1[g] += tj
-        else:
-            load0[q] += tw
-            opened[q] = True
-            bins[q].append(([i], int(r_w[i])))
-    return bins, load0
-
-
-def _slot_worst(load0: np.ndarray, load1: np.ndarray, par: np.ndarray, n_slots: int):
-    """(n_slots,) each slot's latest finish: its phase-0 load plus its busiest child."""
-    top = np.zeros(n_slots + 1)
-    np.maximum.at(top, par, load1)
-    return load0 + top[:n_slots]
+            top1[par[g]] = max(top1[par[g]], load1[g])
+            continue
+        load0[q] += tw
+        opened[q] = True
+        bins[q].append(([i], int(r_w[i])))
+        base = [*load0, 0.0]
+        heap = [(base[par[g]] + load1[g], g) for g in range(len(par))]
+        heapq.heapify(heap)
+    latest0 = max((load0[q] + top1[q] for q in range(n_slots)), default=0.0)
+    return bins, load0, max(latest0, top1[n_slots])
