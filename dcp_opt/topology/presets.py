@@ -20,6 +20,13 @@ Sources:
   32/r 400G uplinks spread over the spines; oversubscription = downlink / uplink capacity
   at the leaf (Al-Fares et al. 2008, "A scalable, commodity data center network
   architecture", sec. 2.1). A design point of the what-if sweep, not a vendor SKU.
+  Oversubscribed leaves in GPU back-end fabrics: Juniper's validated design for an AI data
+  center (juniper.net/documentation, JVD "IP Fabric GPU Backend Fabric Architecture": H100
+  servers at 400GE on QFX5240 leaves, 2:1 at a leaf of 8 servers with 4 x 200G uplinks, set
+  up to test congestion); a 1024-GPU two-tier design with 32 x 400G down and 16 x 400G up per
+  leaf, 2:1 (losslessnetwork.com, "Cluster sizing and cabling"). The benchmark's leaves of 2
+  or 3 DGX (whatif.fat_tree_cluster(ratio, leaves, nodes_per_leaf)) are smaller design
+  points: a ToR per two or three servers.
 """
 
 from __future__ import annotations
