@@ -23,8 +23,7 @@ Sources:
   Oversubscribed leaves in GPU back-end fabrics: Juniper's validated design for an AI data
   center (juniper.net/documentation, JVD "IP Fabric GPU Backend Fabric Architecture": H100
   servers at 400GE on QFX5240 leaves; its table of ratios gives 2:1 with 8 servers and 200G
-  leaf-spine links, set
-  up to test congestion); a 1024-GPU two-tier design with 32 x 400G down and 16 x 400G up per
+  leaf-spine links, set up to test congestion); a 1024-GPU two-tier design with 32 x 400G down and 16 x 400G up per
   leaf, 2:1 (losslessnetwork.com, "Cluster sizing and cabling"). The benchmark's leaves of 2
   or 3 DGX (whatif.fat_tree_cluster(ratio, leaves, nodes_per_leaf)) are smaller design
   points: a ToR per two or three servers.
