@@ -53,9 +53,8 @@ def specs(inst: Instance, cluster, best: float) -> list[tuple[tuple, object]]:
         if inst.degrees[w] <= inst.degrees[j] or not np.isfinite(inst.time[:, w]).all():
             continue
         for f in GRID:
-            spec, est = _build(inst, cluster, j, w, f)
-            if est < best:
-                scored.append((est, ("overflow-first", j, w, f), spec))
+            spec, est = _build(inst, cluster, j, w, f)  # est steers only: rule_draft re-assigns
+            scored.append((est, ("overflow-first", j, w, f), spec))
     scored.sort(key=lambda x: x[0])
     return [(how, lambda spec=spec: spec) for _, how, spec in scored[:KEEP]]
 
