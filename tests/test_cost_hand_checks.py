@@ -17,6 +17,7 @@ from dcp_opt.cost import (
     default_normalizer_kind,
     loss_normalizer,
 )
+from dcp_opt.cp_cost import CPMeasurement
 from dcp_opt.errors import DcpOptError
 from tests.test_cost_hand import DIT, HAND, HAND_2D, LM, close, dit_cost, lm_cost
 
@@ -103,6 +104,11 @@ def test_fingerprint_tells_every_field_apart():
         base.with_(sp_kinds=("ulysses", "cp"), model=replace(DIT, kind="1d", num_layers=4),
                    coeffs=replace(HAND_2D, blocks={"layer": HAND_2D.blocks["spatial"]})),
     ]  # fmt: skip
+    lm = lm_cost(sp_kinds=("ulysses", "cp"))
+    variants += [
+        lm,
+        *(lm.with_(cp_comm=(CPMeasurement(2, bw, 1e-3, 2e3, 2e-3),)) for bw in (1e3, 3e3)),
+    ]
     prints = [c.fingerprint() for c in variants]
     assert len(set(prints)) == len(prints)
     assert all(len(p) == 16 and int(p, 16) >= 0 for p in prints)
