@@ -62,11 +62,9 @@ def _local_attention(q, k, v, *, segments, scaling: float, **options):
     """Causal attention inside each segment of a packed stream (options: window, softcap,
     sinks of runtime.attention.segment_attention). q: [T, H', Dh], k, v:
     [T, H'/g, Dh] (g > 1 under grouped-query attention: each kv head serves g consecutive
-    query heads). One kernel call per segment (cost sum s^2, as the cost model assumes), the
-    same kernel as the runtime's own models."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    query heads). The kernel takes the kv heads as they are (native GQA, no repeated heads;
+    runtime/attention.py choose_kernel picks varlen on CUDA, SDPA elsewhere): cost sum s^2,
+    as the cost model assumes, the same kernel as the runtime's own models."""
     return segment_attention(q, k, v, segments=segments, causal=True, scale=scaling, **options)
 
 

@@ -1,21 +1,25 @@
 """Two small models with no parallel code: a 1D decoder LM and a 2D spatial-temporal DiT.
 
 Attention goes through `attention_fn` attributes (see runtime/attention.py) and the 2D
-model's layout changes through `switch_fn` attributes; both default to single-device
-behaviour. `runtime/parallelize.py` swaps them for sequence-parallel versions.
+model's layout changes through the `to_temporal` / `to_spatial` attributes of each DiTLayer;
+both default to single-device behaviour. `runtime/parallelize.py` swaps them for
+sequence-parallel versions. TinyDiT runs a whole micro-batch of videos as one packed stream
+(runtime/video.py), so each attention is one kernel call for all its videos.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
 from dcp_opt.model import ModelSpec
 
-from .attention import dense_attention, segment_attention
+from .attention import packed_attention, segment_attention
+from .video import PackedRows, VideoLayout, to_spatial, to_temporal
 
 
 @dataclass(frozen=True)
@@ -114,14 +118,16 @@ class TinyLM(nn.Module):
 
 
 class DiTBlock(nn.Module):
-    """Pre-norm self-attention over dim 1 (rows = dim 0), optional cross-attention to the
-    caption, MLP. Spatial blocks see [frames, spatial, C]; temporal ones [spatial, frames, C]."""
+    """Pre-norm self-attention, optional cross-attention to the caption, MLP, on packed tokens
+    h [T, C] split by `rows` (video.PackedRows): spatial blocks attend within each frame,
+    temporal ones within each spatial position. A 3-D h [rows, cols, C] (one video, rows of
+    equal length: what the profiler feeds) is one sequence per row."""
 
     def __init__(self, cfg: DiTConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.hidden)
         self.attn = SelfAttention(cfg.hidden, cfg.num_heads)
-        self.attn.attention_fn = dense_attention
+        self.attn.attention_fn = partial(packed_attention, causal=False)
         self.cross = None
         if cfg.cross_attention:
             self.norm_x = nn.LayerNorm(cfg.hidden)
@@ -136,23 +142,22 @@ class DiTBlock(nn.Module):
         self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
         self.num_heads = cfg.num_heads
 
-    def forward(self, h, text):
+    def forward(self, h, text, rows: PackedRows | None = None):
+        if rows is None:  # one video as [rows, cols, C]
+            n, s, c = h.shape
+            rows = PackedRows((s,) * n, (n * s,), (text.shape[0],))
+            return self.forward(h.reshape(n * s, c), text, rows).reshape(n, s, c)
         q, k, v = self.attn.split(self.norm1(h))
-        h = h + self.attn.out(self.attn.attention_fn(q, k, v).reshape(h.shape))
+        a = self.attn.attention_fn(q, k, v, lengths=rows.lengths)
+        h = h + self.attn.out(a.reshape(h.shape))
         if self.cross is not None:
-            # Video tokens attend to the caption: every rank holds the whole caption, so
-            # cross-attention needs no communication under either layout.
-            rows = h.reshape(1, -1, h.shape[-1])
-            cq = self.cross["q"](self.norm_x(rows)).reshape(1, rows.shape[1], self.num_heads, -1)
-            ck, cv = self.cross["kv"](text[None]).chunk(2, dim=-1)
-            ck = ck.reshape(1, text.shape[0], self.num_heads, -1)
-            cv = cv.reshape(1, text.shape[0], self.num_heads, -1)
-            h = h + self.cross["out"](dense_attention(cq, ck, cv).reshape(h.shape))
+            # Each video's tokens attend to its own caption: every rank holds the whole
+            # caption, so cross-attention needs no communication under either layout.
+            cq = self.cross["q"](self.norm_x(h)).reshape(h.shape[0], self.num_heads, -1)
+            ck, cv = self.cross["kv"](text).reshape(text.shape[0], 2, self.num_heads, -1).unbind(1)
+            a = packed_attention(cq, ck, cv, lengths=rows.videos, k_lengths=rows.text, causal=False)
+            h = h + self.cross["out"](a.reshape(h.shape))
         return h + self.mlp(self.norm2(h))
-
-
-def _identity(x, *args, **kwargs):
-    return x
 
 
 class DiTLayer(nn.Module):
@@ -162,20 +167,24 @@ class DiTLayer(nn.Module):
         super().__init__()
         self.spatial = DiTBlock(cfg)
         self.temporal = DiTBlock(cfg)
-        self.to_temporal = _identity  # [F, S, C] layout -> layout for temporal attention
-        self.to_spatial = _identity  # and back
+        self.to_temporal = to_temporal  # (h, layout): spatial layout -> temporal layout
+        self.to_spatial = to_spatial  # and back
 
-    def forward(self, h, text):
-        h = self.spatial(h, text)
-        t = self.to_temporal(h)
-        t = self.temporal(t.transpose(0, 1), text).transpose(0, 1)
-        return self.to_spatial(t)
+    def forward(self, h, text, layout: VideoLayout):
+        h = self.spatial(h, text, layout.spatial)
+        t = self.temporal(self.to_temporal(h, layout), text, layout.temporal)
+        return self.to_spatial(t, layout)
 
 
 class TinyDiT(nn.Module):
-    """Video diffusion transformer: predicts the noise of one latent video x: [F, S, C_in]
-    (S = spatial patches of a frame) at timestep t (scalar) given a caption [Tt, text_dim].
-    `frame_ids` / `spatial_ids` are the absolute indices of the frames / patches held."""
+    """Video diffusion transformer: predicts the noise of latent videos at their timesteps
+    given their captions.
+
+    - One whole video (layout None): x [F, S, C_in] (S = spatial patches of a frame), t a
+      scalar, text [Tt, text_dim]; returns [F, S, C_in].
+    - A packed micro-batch (runtime/video.py VideoLayout, this member's share): x [T, C_in]
+      in the layout's spatial order, t [V] (one per video), text [sum Tt, text_dim] (the
+      captions back to back); returns [T, C_in]."""
 
     def __init__(self, cfg: DiTConfig = DiTConfig()):
         super().__init__()
@@ -187,17 +196,19 @@ class TinyDiT(nn.Module):
         self.norm = nn.LayerNorm(cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.in_channels)
 
-    def forward(self, x, t, text, frame_ids=None, spatial_ids=None):
-        num_f, num_s, _ = x.shape
+    def forward(self, x, t, text, layout: VideoLayout | None = None):
+        if layout is None:
+            num_f, num_s, c_in = x.shape
+            one = VideoLayout(((num_f, num_s),), (text.shape[0],), device=x.device)
+            return self.forward(x.reshape(-1, c_in), t.reshape(1), text, one).reshape(x.shape)
         dt, c = x.dtype, self.cfg.hidden
-        dev = x.device
-        frame_ids = torch.arange(num_f, device=dev) if frame_ids is None else frame_ids
-        spatial_ids = torch.arange(num_s, device=dev) if spatial_ids is None else spatial_ids
-        pos = sinusoid(frame_ids, c, dt)[:, None, :] + sinusoid(spatial_ids, c, dt)[None, :, :]
-        h = self.inp(x) + pos + self.time(sinusoid(t * 1000.0, c, dt))
+        pos = sinusoid(layout.frame_ids, c, dt) + sinusoid(layout.spatial_ids, c, dt)
+        per_video = torch.tensor(layout.spatial.videos, device=x.device)
+        time = self.time(sinusoid(t * 1000.0, c, dt)).repeat_interleave(per_video, dim=0)
+        h = self.inp(x) + pos + time
         txt = self.text(text)
         for layer in self.layers:
-            h = layer(h, txt)
+            h = layer(h, txt, layout)
         return self.out(self.norm(h))
 
 

@@ -15,10 +15,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import dense_attention, segment_attention
+from .attention import segment_attention
 from .cp import cp_attention
 from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
-from .sp import SPGroup, frames_to_tokens, tokens_to_frames, ulysses_attention
+from .sp import SPGroup, ulysses_attention
+from .video import to_spatial, to_temporal
 
 
 @dataclass
@@ -27,7 +28,7 @@ class SPState:
     "active group" switch, owned by the executor, never part of a plan).
 
     1D: `segments` holds the segment id of every token of the whole padded packed stream.
-    2D: `frame_mask` marks real frames of the whole padded video; `num_spatial` its S.
+    2D: the micro-batch's layout travels with the model's inputs (runtime/video.py).
     `kind`: the active group's SP kind ("ulysses" or "cp", plan Group.kind); under cp
     `layout` [d, M] holds each member's stream indices and `positions` the whole stream's
     in-sequence positions (runtime/cp.py)."""
@@ -38,8 +39,6 @@ class SPState:
     kind: str = "ulysses"
     layout: torch.Tensor | None = None
     positions: torch.Tensor | None = None
-    frame_mask: torch.Tensor | None = None
-    num_spatial: int = 0
 
 
 def parallelize(model: nn.Module, state: SPState) -> nn.Module:
@@ -74,20 +73,18 @@ def _parallelize_lm(model: TinyLM, state: SPState) -> None:
 
 
 def _parallelize_dit(model: TinyDiT, state: SPState) -> None:
-    def temporal_attention(q, k, v):
-        return dense_attention(q, k, v, key_mask=state.frame_mask)
+    # DSP: attention stays local (padded frames are sequences of their own, video.py); only
+    # the layout switches communicate, over the active group.
+    def switch_to_temporal(x, layout):
+        return to_temporal(x, layout, state.sp)
 
-    def to_temporal(x):
-        return frames_to_tokens(x, state.sp)
-
-    def to_spatial(x):
-        return tokens_to_frames(x, state.sp, state.num_spatial)
+    def switch_to_spatial(x, layout):
+        return to_spatial(x, layout, state.sp)
 
     for layer in model.layers:
         assert isinstance(layer, DiTLayer)
-        layer.temporal.attn.attention_fn = temporal_attention
-        layer.to_temporal = to_temporal
-        layer.to_spatial = to_spatial
+        layer.to_temporal = switch_to_temporal
+        layer.to_spatial = switch_to_spatial
 
 
 def _checkpoint_layer(layer: nn.Module, index: int, state: SPState) -> None:

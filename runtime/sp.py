@@ -7,7 +7,9 @@
   not divide H the heads are zero-padded to a multiple of d (the cost model's ceil(H/d)/H).
 - DSP (Zhao et al. 2024, "DSP: Dynamic Sequence Parallelism", sec. 3): a video [F, S, C] is
   sharded over frames for spatial blocks and over spatial tokens for temporal blocks; one
-  all-to-all switches the sharded dimension. F and S are padded to multiples of d.
+  all-to-all switches the sharded dimension. F and S are padded to multiples of d. The
+  runtime switches a whole micro-batch of videos in one all-to-all (runtime/video.py);
+  `frames_to_tokens` / `tokens_to_frames` below are the one-video form.
 
 Every collective here is an autograd Function whose backward is the inverse all-to-all, so
 gradients flow to the rank that owns each token. These functions take plain tensors and an

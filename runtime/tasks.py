@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .cp import shard_for_group
 from .parallelize import SPState
 from .sp import pad_dim, shard_bounds
+from .video import VideoLayout
 
 IGNORE = -100
 
@@ -105,29 +106,35 @@ class DiffusionTask:
         return t, eps, abar.sqrt() * x + (1 - abar).sqrt() * eps
 
     def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
-        # One forward+backward per video: the swapped-in functions read per-video state, and
-        # checkpointed layers recompute during this video's backward, before it changes.
+        # One forward+backward for the whole micro-batch: its videos are one packed stream
+        # (runtime/video.py), so each attention and each DSP switch is one call for all.
         sp, dev = state.sp, next(model.parameters()).device
-        total = torch.zeros((), dtype=torch.float64, device=dev)
-        for sid, sample in samples:
-            # Noise is drawn on the CPU from the seeded generator, then moved: identical on
-            # every member and on any device.
-            t, eps, xt = self.noise(sample, step, sid)
-            num_f, num_s, _ = xt.shape
+        # Noise is drawn on the CPU from the seeded generator, then moved: identical on every
+        # member and on any device.
+        drawn = [self.noise(sample, step, sid) for sid, sample in samples]
+        texts = [sample["text"] for _, sample in samples]
+        layout = VideoLayout(
+            tuple(tuple(xt.shape[:2]) for _, _, xt in drawn),
+            tuple(txt.shape[0] for txt in texts),
+            sp.degree, sp.rank, device=dev,
+        )  # fmt: skip
+        xs, targets, weights = [], [], []
+        for _, eps, xt in drawn:
+            num_f, num_s, c = xt.shape
             f_pad, lo, hi = shard_bounds(num_f, sp.degree, sp.rank)
-            state.frame_mask = (torch.arange(f_pad) < num_f).to(dev)
-            state.num_spatial = num_s
-            xt_l = pad_dim(xt, 0, f_pad)[lo:hi].to(dev)
-            eps_l = pad_dim(eps, 0, f_pad)[lo:hi].to(dev)
-            text = sample["text"].to(dev)
-            frame_ids = torch.arange(lo, hi, device=dev)
-            out = model(xt_l, t.to(dev), text, frame_ids=frame_ids)
-            per_token = ((out - eps_l) ** 2).mean(-1)
-            w = _token_weight(kind, num_f * num_s) * state.frame_mask[lo:hi].to(out.dtype)
-            loss = (per_token * w[:, None]).sum() * scale
-            loss.backward()
-            total += loss.detach().to(total.dtype)
-        return total
+            xs.append(pad_dim(xt, 0, f_pad)[lo:hi].reshape(-1, c))
+            targets.append(pad_dim(eps, 0, f_pad)[lo:hi].reshape(-1, c))
+            weight = _token_weight(kind, num_f * num_s)
+            weights.append(torch.full(((hi - lo) * num_s,), weight, dtype=torch.float64))
+        ts = torch.stack([t for t, _, _ in drawn]).to(dev)
+        out = model(torch.cat(xs).to(dev), ts, torch.cat(texts).to(dev), layout)
+        per_token = ((out - torch.cat(targets).to(dev)) ** 2).mean(-1)
+        # padded frames weigh 0; the weighted sum keeps the graph connected on a member that
+        # holds only padding, so every member runs the same backward collectives
+        w = torch.cat(weights).to(device=dev, dtype=out.dtype) * layout.real.to(out.dtype)
+        loss = (per_token * w).sum() * scale
+        loss.backward()
+        return loss.detach().to(torch.float64)
 
     def reference_loss(self, model, sequence_id: int, sample, *, step: int, kind: str):
         """Unscaled loss of one whole video on one device (no sharding, no padding)."""

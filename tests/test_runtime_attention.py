@@ -114,7 +114,9 @@ def test_window_must_be_causal_and_positive():
             segment_attention(q, q, q, segments=torch.zeros(3, dtype=torch.long), **kwargs)
 
 
-def _flash_varlen_by_its_docs(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size):
+def _flash_varlen_by_its_docs(
+    q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size, enable_gqa=False
+):
     """torch.nn.attention.varlen.varlen_attn as documented (FlashAttention's window: query i
     of a sequence sees keys [i - left, i + right] of that sequence; -1 = unbounded), written
     with masks so the CUDA path's arguments can be checked on CPU."""
@@ -142,7 +144,7 @@ def test_cuda_varlen_path_arguments(monkeypatch, window):
     from dcp_opt.runtime import attention
     from torch.nn.attention import varlen
 
-    monkeypatch.setattr(attention, "_use_varlen", lambda *a, **kw: True)
+    monkeypatch.setattr(attention, "choose_kernel", lambda *a, **kw: "varlen")
     monkeypatch.setattr(varlen, "varlen_attn", _flash_varlen_by_its_docs)
     segs = [0] * 5 + [1] * 8 + [2] * 2
     gen = torch.Generator().manual_seed(4)

@@ -72,17 +72,14 @@ def charged_bytes(kind: str, batch: Batch, mbs) -> float:
     return sent * WORLD / (WORLD - 1)
 
 
-# DiT with recomputed layers moves less than charged: non-reentrant checkpointing
-# (runtime/parallelize.py, use_reentrant=False) stops a layer's recomputation once every
-# saved tensor is back, so the layer's trailing DSP switch (tokens_to_frames, which saves
-# nothing) is not re-run: a recomputed DiT layer moves one all-to-all, not two. The cost
-# model charges (2L + r) layers (cost.py time_parts_from), i.e. it over-charges r/2 layers.
-DIT_RECOMPUTE = pytest.mark.xfail(
-    strict=True, reason="cost model over-charges recomputed DiT layers' all-to-alls"
-)
+# A recomputed DiT layer re-runs both its DSP switches: they gather by index (runtime/video.py),
+# and non-reentrant checkpointing (use_reentrant=False) recomputes until every saved tensor,
+# the trailing switch's index included, is back; the cost model charges (2L + r) layers'
+# all-to-alls (cost.py time_parts_from). (Before 2D micro-batches were packed, the trailing
+# switch saved nothing and was skipped: this case was a strict xfail.)
 
 
-@pytest.mark.parametrize("case", ["1d", "2d", pytest.param("2d-recompute", marks=DIT_RECOMPUTE)])
+@pytest.mark.parametrize("case", ["1d", "2d", "2d-recompute"])
 def test_all_to_all_bytes_are_the_cost_models(workers, case):
     kind = case[:2]
     batch, mbs = CASES[case]
