@@ -2,7 +2,8 @@
 equivalence (float64, gloo, worlds 2 and 4) of plans with cp groups and of plans mixing cp and
 Ulysses groups in one step, for TinyLM and a transformers Llama (GQA too). The reference is
 tests/reference.py's objective from each whole sequence's forward (test_runtime_equiv.py,
-test_runtime_hf.py)."""
+test_runtime_hf.py). At the end: what cp_attention keeps for backward against the cost
+model's memory term, and its collectives as the profiler measures them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from dcp_opt.runtime.cp import head_tail_layout
 from dcp_opt.runtime.testing import DistWorkers
 
 from dcp_opt import Batch, make_plan, validate
+from dcp_opt.cost import CostModel
+from dcp_opt.cp_cost import extra_act_bytes, kv_bytes_per_token
+from dcp_opt.model import ModelSpec
 from dcp_opt.plan import Group, MicroBatch, Plan
 from tests import test_runtime_equiv as lm
 from tests import test_runtime_hf as hf
+from tests.test_cp_cost import CLUSTER, COEFFS, MODEL
 
 
 def test_head_tail_layout_balances_causal_pairs():
@@ -145,3 +150,85 @@ def test_grad_equiv_hf_families_with_window_softcap_sinks_under_cp(workers):
             for loss_err, exact_err, rough_err in rows:
                 assert loss_err <= (fam.LOW_TOL if low == "eager" else fam.TOL), entry
                 assert exact_err <= fam.TOL and rough_err <= fam.LOW_TOL, (entry, exact_err)
+
+
+# ---- what the runtime's cp keeps and sends, against the cost model -----------------------------
+# (saved_tensors_hooks on cp_attention; the profiler's measurement of its collectives)
+CP_HEADS, CP_KV_HEADS, DH, CP_LENGTHS = 4, 2, 8, [40, 24]
+
+
+def _saved_by_cp_attention(ctx, kv_heads: int):
+    from dcp_opt.runtime.cp import cp_attention
+    from dcp_opt.runtime.sp import SPGroup
+
+    torch.manual_seed(ctx.rank)
+    d = ctx.world_size
+    sp = SPGroup(None, d, ctx.rank)
+    layout = head_tail_layout(CP_LENGTHS, d)
+    m = layout.shape[1]
+    starts = torch.tensor([0, CP_LENGTHS[0]])
+    whole = layout.reshape(-1)
+    segments = torch.bucketize(whole.sort().values, starts, right=True) - 1
+    segments[sum(CP_LENGTHS) :] = -1
+    positions = torch.arange(whole.numel()) - starts[segments.clamp(min=0)]
+    q = torch.randn(m, CP_HEADS, DH, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(m, kv_heads, DH, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    saved, seen = [], set()
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen and ptr not in {x.untyped_storage().data_ptr() for x in (q, k, v)}:
+            seen.add(ptr)
+            saved.append((tuple(t.shape), str(t.dtype), t.untyped_storage().nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        cp_attention(q, k, v, sp, layout=layout, segments=segments, positions=positions)
+    return m, saved
+
+
+def _measure(ctx):
+    from dcp_opt.runtime.profile.fit import measure_cp_collectives
+
+    return measure_cp_collectives(None, sizes_bytes=(1 << 16, 1 << 19, 1 << 21), repeats=3)
+
+
+@pytest.mark.dist
+def test_cp_collectives_measured_on_gloo(workers):
+    # the runtime's own collectives (runtime/cp.py) on the gloo ranks, buffers up to 2 MB;
+    # every rank fits the same group-wide (slowest member's) times. World 2 only: at 4 ranks
+    # on 2 shared cores the barriers dominate (~20 s) and nothing new is checked
+    if workers.world_size != 2:
+        pytest.skip("the measurement is checked at world 2")
+    got = workers.run(_measure)
+    assert all(g == got[0] for g in got) and got[0].group_size == workers.world_size
+    for bw, lat in (got[0].rates("all_gather"), got[0].rates("reduce_scatter")):
+        # finite rates of a CPU's copies (the fit caps an unmeasurable 1/bw at 1e15 B/s)
+        assert 1e5 < bw <= 1e15 and 0 <= lat < 1.0
+    CostModel(MODEL, CLUSTER, COEFFS, cp_comm=(got[0],))  # usable as measured
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("kv_heads", [CP_KV_HEADS, CP_HEADS])
+def test_cp_keeps_the_gathered_kv_the_cost_model_charges(workers, kv_heads):
+    # float64, 4 query heads of 8 dims; two sequences (40 + 24 tokens) over d = the world
+    d = workers.world_size
+    spec = ModelSpec(
+        "t", "1d", 1, CP_HEADS * DH, CP_HEADS, 64, vocab_size=10, num_kv_heads=kv_heads,
+        dtype_bytes=8,
+    )  # fmt: skip
+    for m, saved in workers.run(_saved_by_cp_attention, kv_heads):
+        # the gathered K and V ([1, kv_heads, d M, DH] each, one buffer under MHA): d M tokens
+        # x kv_bytes = the own tokens' (in act_bytes, as Ulysses') + extra_act_bytes' (d-1) M
+        kv = sum(b for shape, _, b in saved if len(shape) == 4 and shape[2] == d * m)
+        want = m * (kv_bytes_per_token(spec) + float(extra_act_bytes(spec, d)))
+        assert kv == want == d * m * 2 * kv_heads * DH * 8
+        # the rest: the output and logsumexp of the local queries (per local token, as under
+        # Ulysses), and the mask [M, d M] as a float, quadratic, which the cost model does not
+        # charge (docs/cost-model.md, cp: what the runtime keeps)
+        rest = {shape: b for shape, _, b in saved if not (len(shape) == 4 and shape[2] == d * m)}
+        assert rest == {
+            (m, d * m): m * d * m * 8,
+            (1, CP_HEADS, m, DH): m * CP_HEADS * DH * 8,
+            (1, CP_HEADS, m): m * CP_HEADS * 8,
+        }
