@@ -207,7 +207,10 @@ class CostModel:
     2020, ZeRO, sec. 3): bf16 weights 2 B, fp32 gradient accumulator 4 B, fp32 master weights
     and two moments 12 B per parameter; zero1 shards the 12 B over the whole world (as VideoSys'
     ZeRO-1 does). zero2 and zero3 hold the same peak under the runtime's schedule, which
-    reduces the world once per step (model_state_bytes).
+    reduces the world once per step (model_state_bytes). That schedule gathers the parameters
+    once per step, so no mode, zero3 included, needs aligned micro-step counts: a plan from
+    any planner runs as made. The step time charges the mode's world collectives and, in the
+    sharded modes, the closing one-token micro-step (grad_sync_time, closing_step_time).
     """
 
     model: ModelSpec
