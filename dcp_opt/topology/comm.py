@@ -129,11 +129,17 @@ def _toward(topo: Topology, t: int, sources=None):
     dist = [d if done[u] else _INF for u, d in enumerate(dist)]  # settled only
     nexthops: list[list[tuple[int, int]]] = [[] for _ in adj]
     lat = [0.0] * len(adj)
+    weight = [(_HOP**k, latency) for _, latency, k in links]  # per directed link
     for u in order[1:]:  # increasing distance: next hops' latencies are known
+        hops, du, slowest = nexthops[u], dist[u], -1.0
         for v, lid in adj[u]:
-            if (v == dst or not gpu[v]) and dist[v] + _HOP ** links[lid][2] == dist[u]:
-                nexthops[u].append((v, lid))
-        lat[u] = max(links[lid][1] + lat[v] for v, lid in nexthops[u])
+            w, latency = weight[lid]
+            if (v == dst or not gpu[v]) and dist[v] + w == du:
+                hops.append((v, lid))
+                x = latency + lat[v]
+                if x > slowest:
+                    slowest = x
+        lat[u] = slowest
     memo[t] = (order[::-1], nexthops, lat, dist, sources is None)
     return memo[t]
 
@@ -191,12 +197,12 @@ def group_comm(topo: Topology, start: int, degree: int) -> GroupComm:
         shares[0] = 1 - sum(x / peers for x in loads[1:])
     gpu_idx = _routes(topo)[3]
     # the farthest pair (most outer-tier hops, then the slowest path) sets the latency
-    far = (
-        (w[3][gpu_idx[s]], w[2][gpu_idx[s]])
-        for t in members
-        for w in [_toward(topo, t)]
-        for s in members
-    )
+    at = [gpu_idx[s] for s in members]
+    far = []
+    for t in members:
+        _, _, lat_t, dist_t, _ = _toward(topo, t)
+        pairs = zip(map(dist_t.__getitem__, at), map(lat_t.__getitem__, at), strict=True)
+        far.append(max(pairs))
     lat = max(far)[1]
     memo[key] = GroupComm(tuple(shares), tuple(bws), lat)
     return memo[key]
