@@ -19,10 +19,11 @@ grows least. Phase 1 (every rank, degree-j groups, each starting after its ranks
 is then re-assigned by the greedy's step 3 (greedy.rule_draft), so the draft's finish is
 exact up to packing. j: the degree of least packed work; w: every wider degree the whole
 batch fits at; f: GRID. Every (w, f) is split (plain lists, a heap), and the KEEP of
-least estimated finish are drafted. Tried only where the best draft so far is more than
+least estimated finish are drafted; long-then(j, f) (build_long_then) for f in GRID_LONG.
+Tried only where the best draft so far is more than
 MIN_GAP above the bound (elsewhere it can gain little) and on at most MAX_SEQS sequences:
-+6-18 ms of CPU on the issue's h200x32 batches (73 and 306 sequences), nothing on the
-preset's 64 x 512 (above MAX_SEQS).
++10-40 ms of CPU on the issue's h200x32 batches (73 and 306 sequences, 2-core shared dev
+machine), nothing on the preset's 64 x 512 (above MAX_SEQS).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ import heapq
 
 import numpy as np
 
-from .greedy_steps import Instance, place
+from .greedy_steps import Instance, layout, place, preferred_degrees
 
 GRID = (1.0, 1.03, 1.06, 1.1)
 MIN_GAP = 0.02
 MAX_SEQS = 400
+GRID_LONG = (1.0, 1.06)  # long-then's targets
 KEEP = 3  # candidates drafted (greedy.rule_draft): the best by the split's own finish
 
 
@@ -56,7 +58,46 @@ def specs(inst: Instance, cluster, best: float) -> list[tuple[tuple, object]]:
             spec, est = _build(inst, cluster, j, w, f)  # est steers only: rule_draft re-assigns
             scored.append((est, ("overflow-first", j, w, f), spec))
     scored.sort(key=lambda x: x[0])
-    return [(how, lambda spec=spec: spec) for _, how, spec in scored[:KEEP]]
+    out = [(how, lambda spec=spec: spec) for _, how, spec in scored[:KEEP]]
+    for f in GRID_LONG:
+        how = ("long-then", j, f)
+        out.append((how, lambda f=f: build_long_then(inst, cluster, j, f)))
+    return out
+
+
+def build_long_then(inst: Instance, cluster, j: int, f: float):
+    """long-then(j, f): the sequences that take longer than T = f x the bound's finish at
+    j run first, each at its least-work degree that finishes within T (greedy step 1), on
+    groups laid out and filled by the greedy's steps 2-3 for them alone; then every rank
+    forms degree-j groups for the rest, each starting after its ranks' phase 0. So a long
+    sequence's SP group does not fill its remaining time with short sequences at its SP
+    degree (under SP overhead, 1.15-1.45x their degree-1 work). None: no candidate."""
+    from .greedy import _assign_draft  # noqa: PLC0415 (greedy imports this module)
+
+    target = inst.finish_lb * f
+    long = ~(inst.time[:, j] <= target)
+    pref = preferred_degrees(inst, target, inst.usable)
+    items = np.flatnonzero(long)
+    deg = inst.degrees.tolist()
+    placed = place([j] * (inst.num_gpus // deg[j]), inst, cluster)
+    if len(items) == 0:
+        return [], 0.0, np.full(len(inst.ids), j), placed
+    groups0 = place(layout(inst, items, pref, target, inst.num_gpus), inst, cluster)
+    d0 = _assign_draft(inst, cluster, items, pref, groups0, target, [], 0.0, True)
+    if d0 is None:  # a long sequence fits none of its groups: no candidate
+        return None
+    rank_load = np.zeros(inst.num_gpus)
+    for s, jj, bins in d0.groups:
+        rank_load[s : s + deg[jj]] = sum(float(inst.time[idx, jj].sum()) for idx, _ in bins)
+    base = [float(rank_load[s : s + deg[j]].max()) for s, _ in placed]
+    return d0.groups, base, np.where(long, -1, j), placed
+
+
+def rebuild(inst: Instance, cluster, how: tuple):
+    """The spec of candidate `how` (a Draft.how of this module) on `inst` (greedy.replay)."""
+    if how[0] == "long-then":
+        return build_long_then(inst, cluster, *how[1:])
+    return build(inst, cluster, *how[1:])
 
 
 def build(inst: Instance, cluster, j: int, w: int, f: float):
