@@ -273,7 +273,7 @@ def test_validate_accepts_exactly_the_placements():
     batch = Batch((Sequence(0, (1024,)),))
     for d in (16, 32, 64):
         ok = set(c.placements(d))
-        for start in range(0, 288 - d + 1):
+        for start in range(0, 150):  # two rack boundaries (72, 144) and what follows
             groups = [Group(r, 1, ()) for r in range(288) if not start <= r < start + d]
             groups.append(Group(start, d, (MicroBatch((0,), 0),)))
             plan = Plan((Phase(tuple(sorted(groups, key=lambda g: g.start_rank))),), 288, 1.0)
