@@ -5,7 +5,9 @@ A Plan is frozen and JSON-serialisable (docs/plan-format.md). Its meaning:
 - phases run in order; a rank enters its group of phase p+1 once it and the other members of
   that group have finished phase p (there is no global barrier between phases);
 - the groups of a phase are disjoint, cover every rank, and sit on aligned rank ranges
-  (start % degree == 0); a group with no micro-batches is idle in that phase;
+  (`Cluster.placements(degree)`: start % degree == 0, plus, on a fabric with domains that
+  the degree does not divide, starts aligned to a domain's start); a group with no
+  micro-batches is idle in that phase;
 - a group runs one sequence-parallel kind (`kind`): "ulysses" (all-to-all over heads) or
   "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cp_cost.py);
 - a group processes its micro-batches in order (gradient accumulation); every micro-batch
