@@ -75,7 +75,7 @@ class GroupPool:
         except KeyError:
             raise DcpOptError(
                 f"group: no process group at start {start} with degree {degree}; allowed "
-                f"degrees {list(self.degrees)} at starts that are multiples of the degree"
+                f"degrees {list(self.degrees)} at the cluster's placements (Cluster.placements)"
             ) from None
 
     def member_of(self, start: int, degree: int) -> bool:
@@ -93,5 +93,5 @@ class GroupPool:
                     raise DcpOptError(
                         f"plan.phases[{p}]: group at start {g.start_rank} with degree "
                         f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)} "
-                        "at starts that are multiples of the degree"
+                        "at the cluster's placements (Cluster.placements)"
                     )
