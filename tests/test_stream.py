@@ -143,7 +143,7 @@ def test_cli_quick_json(tmp_path):
     assert doc["fidelity"] == []  # the paper has no 1D figures
     _check_framework_rows(doc["methods"])
     by = {r["method"]: r["tokens_per_s"] for r in doc["methods"]}
-    assert len(doc["frameworks"]) == sum(m.startswith("greedy@") for m in by)
+    assert [f["size"] for f in doc["frameworks"]] == ["2M"]
     for f in doc["frameworks"]:  # the table's ratios are the rows' tokens/s
         cp = by[f"greedy+cp@{f['size']}"]
         assert f["vs_verl_balanced"] == pytest.approx(cp / by[f"verl_balanced@{f['size']}"])
@@ -160,8 +160,8 @@ def _check_framework_rows(rows: list[dict]) -> None:
     planner runs, on a cost model offering both kinds, none under the stream bound; greedy
     there (greedy+cp) may always choose Ulysses, so it is never slower than Ulysses-only."""
     by = {r["method"]: r for r in rows}
-    sizes = [m.split("@", 1)[1] for m in by if m.startswith("greedy@")]
-    assert sizes
+    sizes = [m.split("@", 1)[1] for m in by if m.startswith("greedy+cp@")]
+    assert sizes == ["2M"]  # StreamConfig.framework_sizes: 2M by default
     for size in sizes:
         for name in FRAMEWORKS:
             r = by[f"{name}@{size}"]
@@ -175,6 +175,10 @@ def _check_framework_rows(rows: list[dict]) -> None:
 def test_frameworks_skip_2d_and_name_the_field():
     with pytest.raises(DcpOptError, match="frameworks"):
         StreamConfig(frameworks=("deepspeed",))
+    with pytest.raises(DcpOptError, match="^framework_sizes: "):
+        StreamConfig(framework_sizes=(0,))
+    with pytest.raises(DcpOptError, match="^former_budget_per_step_s: "):
+        StreamConfig(former_budget_per_step_s=-1.0)
     cfg = StreamConfig(workloads=("2d-long",))
     assert framework_runs(cfg, "2d-long", None, None, {1: "1"}, steps_of=None, run_fixed=None,
                           cache_of=None, on_done=None) == []  # fmt: skip

@@ -31,7 +31,8 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
 
     schema, config (cluster, num_gpus, workloads, num_batches, tokens_per_batch, seed,
         step_sizes, planners, cpsat_sizes, cpsat_budget_s, memory_cap, former_max_shift,
-        former_tolerance, frameworks, cp_planner, framework_sizes, models),
+        former_tolerance, former_budget_per_step_s, frameworks, cp_planner,
+        framework_sizes, models),
         total_wall_time_s, notes (the step former's refusals)
     epochs      one row per workload: workload, num_sequences, num_tokens, wall_time_s
     methods     one row per (workload, method):
@@ -134,11 +135,14 @@ class StreamConfig:
     memory_cap: float = 0.7
     former_max_shift: int = 2
     former_tolerance: float = 0.05
+    # the former's search budget per step (its own default is 0.05 s, 250 s over the default
+    # run's sizes); the stream's StepCache makes each of its plans of a data-order step free
+    former_budget_per_step_s: float = 0.02
     # 1D only (dcp_opt.analysis.stream_frameworks): the text frameworks and the project's
     # planner on a cost model with both SP kinds, at framework_sizes (None: every size)
     frameworks: tuple[str, ...] = FRAMEWORKS
     cp_planner: str | None = "greedy"
-    framework_sizes: tuple[int, ...] | None = None
+    framework_sizes: tuple[int, ...] | None = (2 * MILLION,)
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
 
     def __post_init__(self) -> None:
@@ -152,6 +156,12 @@ class StreamConfig:
         unknown = [p for p in self.published if p not in PUBLISHED]
         if unknown:
             raise DcpOptError(f"published: {unknown} not allowed; allowed: {list(PUBLISHED)}")
+        if self.former_budget_per_step_s < 0:
+            raise DcpOptError(
+                f"former_budget_per_step_s: must be seconds >= 0, got {self.former_budget_per_step_s}"
+            )
+        if self.framework_sizes is not None and any(s < 1 for s in self.framework_sizes):
+            raise DcpOptError(f"framework_sizes: must be >= 1 token, got {self.framework_sizes}")
         unknown = [p for p in self.frameworks if p not in FRAMEWORKS]
         if unknown:
             raise DcpOptError(f"frameworks: {unknown} not allowed; allowed: {list(FRAMEWORKS)}")
@@ -254,7 +264,8 @@ def _project_runs(config, workload, epoch, cost, targets, notes, on_done):
         if not cheap:
             continue
         try:
-            former = former_steps(epoch, cost, target, k, e, cache=cache)
+            budget = config.former_budget_per_step_s * len(data_order_steps(epoch, target))
+            former = former_steps(epoch, cost, target, k, e, cache=cache, budget_s=budget)
         except DcpOptError as err:  # the bounds (K, e) admit no steps: say so, run without
             notes.append(f"{workload} @{label}: step former refused: {err}")
             continue

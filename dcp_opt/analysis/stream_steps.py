@@ -139,12 +139,17 @@ def _bound(cache: StepCache, steps, max_shift, lp: bool = True) -> float | None:
     return float(stream_lower_bound(batches, cache.cost, max_shift=max_shift, **kw))
 
 
-def former_steps(epoch, cost, target: int, k: int, e: float, cache=None) -> list[list[int]]:
-    """Steps chosen by the step former (solvers/step_former.py), its proxy the cached greedy."""
-    from dcp_opt.solvers.step_former import form_steps
+def former_steps(
+    epoch, cost, target: int, k: int, e: float, cache=None, budget_s=None
+) -> list[list[int]]:
+    """Steps chosen by the step former (solvers/step_former.py), its proxy the cached greedy;
+    `budget_s` its search budget (None: the former's default)."""
+    from dcp_opt.solvers.step_former import MAX_DEFAULT_BUDGET_S, form_steps
 
     cache = cache or StepCache(epoch, cost)
+    if budget_s is not None:
+        budget_s = min(budget_s, MAX_DEFAULT_BUDGET_S)
     return form_steps(
         list(epoch.sequences), target_tokens=target, max_shift=k, tolerance=e, cost=cost,
-        proxy=cache.proxy,
+        proxy=cache.proxy, budget_s=budget_s,
     )  # fmt: skip
