@@ -1,0 +1,158 @@
+"""What a rank holds and sends under each sharding mode, against the cost model: bf16 model
+states counted from tensor storage, and the bytes of the step's world collectives counted at
+torch.distributed, on worlds 2 and 4 (gloo)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
+from dcp_opt.runtime.sharding import held_bytes, shard
+from dcp_opt.runtime.testing import DistWorkers
+from dcp_opt.solvers import run_planner
+
+from dcp_opt import Batch, Cluster, CostModel, ModelSpec, simulate
+from dcp_opt.cost import SHARDING_MODES
+from dcp_opt.plan import Plan
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def workers(request):
+    w = DistWorkers(request.param, timeout_s=60.0)
+    yield w
+    w.close()
+
+
+MEM_CFG = LMConfig(vocab_size=64, hidden=32, num_heads=4, num_layers=2, ffn_hidden=64)
+
+
+def job_held_bytes(ctx, cases: list):
+    """Per (plan JSON, batch dict, mode): two bf16 steps; held_bytes at step 2's peak (the
+    optimizer state exists from step 1)."""
+    out = []
+    for plan_json, batch_dict, mode in cases:
+        plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+        torch.manual_seed(0)
+        model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
+        parallelize(model, state)
+        sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
+        data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+        seen: dict = {}
+        for step in range(2):
+            sh.probe = None
+            if step:
+                sh.probe = lambda s, seen=seen: seen.update(held_bytes(s))
+            execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=step,
+                         sharding=sh)  # fmt: skip
+        out.append(seen)
+    return out
+
+
+def test_bf16_model_states_equal_the_cost_model(workers):
+    """bf16 weights gathered 2 B + fp32 accumulator 4 B + fp32 master and moments 12 B (/N
+    when sharded) per parameter, counted from tensor storage on every rank, within 1%."""
+    n = sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
+    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(n))
+    world = workers.world_size
+    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
+    cases, costs = [], []
+    for mode in SHARDING_MODES:
+        cost = CostModel(spec, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
+        plan = run_planner("greedy", batch, cost).plan
+        cases.append((plan.to_json(), batch.to_dict(), mode))
+        costs.append(cost)
+    by_rank = workers.run(job_held_bytes, cases)
+    for k, cost in enumerate(costs):
+        share = 1 if cost.optimizer_sharding == "none" else world
+        for held in (out[k] for out in by_rank):
+            assert held["compute"] == 2 * n and held["grads"] == 4 * n  # full, every mode
+            assert abs((held["params"] + held["optimizer"]) / (12 * n / share) - 1) <= 0.01
+            total = sum(held.values())
+            assert abs(total / cost.model_state_bytes() - 1) <= 0.01, (cost, held)
+
+
+def job_collective_bytes(ctx, cases: list):
+    """Per case: bytes of the world-wide collectives of one bf16 step on this rank, by kind
+    (all-gather: output, reduce-scatter: input, all-reduce: tensor), counted by wrapping
+    torch.distributed's functions (FSDP2 calls them through the module)."""
+    import torch.distributed as dist
+
+    counts: dict = {}
+
+    def wrap(name, kind, pick):
+        inner = getattr(dist, name)
+
+        def counted(*args, **kw):
+            group = kw.get("group")
+            if dist.get_world_size(group) > 1:
+                t = pick(args, kw)
+                counts[kind] = counts.get(kind, 0) + t.numel() * t.element_size()
+            return inner(*args, **kw)
+
+        return name, inner, counted
+
+    first = lambda a, kw: a[0] if a else next(iter(kw.values()))  # noqa: E731
+    second = lambda a, kw: a[1] if len(a) > 1 else kw.get("input", kw.get("input_tensor"))  # noqa: E731
+    patches = [
+        wrap("all_gather_single", "all_gather", first),
+        wrap("all_gather_into_tensor", "all_gather", first),
+        wrap("reduce_scatter_single", "reduce_scatter", second),
+        wrap("reduce_scatter_tensor", "reduce_scatter", second),
+        wrap("all_reduce", "all_reduce", first),
+    ]
+    out = []
+    try:
+        for name, _, counted in patches:
+            setattr(dist, name, counted)
+        for plan_json, batch_dict, mode in cases:
+            plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+            torch.manual_seed(0)
+            model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
+            parallelize(model, state)
+            sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
+            data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+            counts.clear()
+            execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=0,
+                         sharding=sh, check_plan=False)  # fmt: skip
+            out.append(dict(counts))
+    finally:
+        for name, inner, _ in patches:
+            setattr(dist, name, inner)
+    return out
+
+
+def test_collectives_are_what_the_cost_model_reports(workers):
+    """The bytes each rank puts through world collectives in a bf16 step = what
+    CostModel.step_collectives (and so simulate's `collectives`) reports, within 1%; the
+    loss all-reduce is the only other (8 bytes). The simulated step charges exactly them."""
+    n = sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
+    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(n))
+    world = workers.world_size
+    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
+    cases, sims = [], []
+    for mode in SHARDING_MODES:
+        cost = CostModel(spec, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
+        plan = run_planner("greedy", batch, cost).plan
+        cases.append((plan.to_json(), batch.to_dict(), mode))
+        sims.append(simulate(plan, batch, cost))
+    by_rank = workers.run(job_collective_bytes, cases)
+    share = (world - 1) / world
+    for k, mode in enumerate(SHARDING_MODES):
+        for got in (out[k] for out in by_rank):
+            loss = got.pop("all_reduce") if mode != "none" else 8
+            assert loss == 8  # the float64 loss
+            if mode == "none":  # a ring all-reduce sends 2 (N-1)/N of the tensor
+                got = {"grad_all_reduce": 2 * share * (got["all_reduce"] - 8)}
+            else:
+                got = {"param_all_gather": share * got["all_gather"],
+                       "grad_reduce_scatter": share * got["reduce_scatter"]}  # fmt: skip
+            want = sims[k].collectives
+            assert got.keys() == want.keys(), (got, want)
+            for key in want:
+                assert abs(got[key] / want[key] - 1) <= 0.01, (mode, key, got, want)
+        # and the step time charges them by default: the sync is their time at the link
+        # rate, plus the closing micro-step in the sharded modes (none has none)
+        sim = sims[k]
+        assert sim.collectives_s == pytest.approx(sum(sim.collectives.values()) / 1e10)
+        assert sim.grad_sync_s == pytest.approx(sim.collectives_s + sim.closing_step_s)
+        assert (sim.closing_step_s > 0) == (mode != "none")
