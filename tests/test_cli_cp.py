@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dcp_opt import CostModel, cluster_preset, model_preset
-from dcp_opt.analysis.kind_map import distribution_rows, kind_map
+from dcp_opt.analysis.kind_map import distribution_rows, kind_map, whatif_kind_map
 from dcp_opt.cli import main
 from dcp_opt.errors import DcpOptError
 from dcp_opt.histogram import LengthDistribution
@@ -143,9 +143,8 @@ def test_whatif_writes_the_kind_map(tmp_path, capsys):
     assert km["cells"][0][-1]["winner"] == "cp" and km["cells"][0][-1]["cp_over_ulysses"] < 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Ulysses only (the default): no map in the document
-    from dcp_opt.analysis.whatif import _kind_map
-
     dist = LengthDistribution.from_lengths(str(lens))
     assert (
-        _kind_map(dist, CostModel(model_preset("llama3-8b"), cluster_preset("h200x32")), []) == {}
+        whatif_kind_map(dist, CostModel(model_preset("llama3-8b"), cluster_preset("h200x32")), [])
+        == {}
     )

@@ -116,3 +116,13 @@ def map_lines(doc: dict, title: str = "") -> list[str]:
                 )
         lines.append(f"{n:>8d} tokens    " + " ".join(texts))
     return lines
+
+
+def whatif_kind_map(dist, cost: CostModel, best_outcomes) -> dict:
+    """The what-if document's {"kind_map": ...} when `cost` offers cp, else {}: the map over
+    the distribution's rows and the kinds of the best planner's outcomes (their .sim)."""
+    if "cp" not in cost.sp_kinds:
+        return {}
+    doc = kind_map(cost, *distribution_rows(dist))
+    events = [e for o in best_outcomes if o.sim is not None for e in o.sim.events]
+    return {"kind_map": {**doc, "best_planner_kind_shares": kind_shares(events)}}

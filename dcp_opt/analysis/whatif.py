@@ -59,6 +59,7 @@ from ..simulate import SimResult, simulate
 from ..validate import validate
 from ..workloads import DEFAULT_TOKENS_PER_GPU
 from .bench import DEFAULT_MODELS, planner_kwargs
+from .kind_map import whatif_kind_map
 
 WHATIF_SCHEMA = "dcp-opt-whatif/1"
 REFERENCE = "bucket"
@@ -400,16 +401,5 @@ def run_whatif(
         "sweep_gpus": gpus,
         "sweep_inter_bw": bws,
         "warnings": warnings,
-        **_kind_map(dist, base, [(b, r[best]) for b, r in runs] if best else []),
+        **whatif_kind_map(dist, base, [r[best] for _, r in runs] if best else []),
     }
-
-
-def _kind_map(dist: LengthDistribution, cost: CostModel, best_runs) -> dict:
-    """{"kind_map": ...} when `cost` offers cp (module doc), else {}."""
-    if "cp" not in cost.sp_kinds:
-        return {}
-    from .kind_map import distribution_rows, kind_map, kind_shares
-
-    doc = kind_map(cost, *distribution_rows(dist))
-    events = [e for _, o in best_runs if o.sim is not None for e in o.sim.events]
-    return {"kind_map": {**doc, "best_planner_kind_shares": kind_shares(events)}}
