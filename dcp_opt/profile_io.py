@@ -4,8 +4,9 @@ A profile records what was measured (device, date, torch version, thread count),
 model (a fingerprint of everything that decides one layer's cost: depth is extrapolated, so
 `num_layers` is not part of it), the fitted `CostCoefficients`, the fit report, and optionally
 the all-to-all bandwidth measured per group size and (schema 2) cp's all-gather and
-reduce-scatter per group size (`cp`). A profile without cp is written as schema 1, as before. Loading checks every field and names the
-one at fault, so a stale or hand-edited file fails loudly instead of planning with nonsense.
+reduce-scatter per group size (`cp`; a profile without them is written as schema 1, as
+before). Loading checks every field and names the one at fault, so a stale or hand-edited file
+fails loudly instead of planning with nonsense.
 
     profile = load_profile("tiny-lm.profile.json", model=spec)   # -> Profile
     cost = cost_model_from_profile("tiny-lm.profile.json", spec, cluster)

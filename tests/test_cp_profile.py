@@ -68,7 +68,7 @@ def test_measured_rates_vectorised_match_scalar():
 
 def test_cp_comm_checked_and_fingerprinted():
     assert MEASURED.fingerprint() != COST.fingerprint()
-    for bad in ((CPMeasurement(1, 1e9, 0.0, 1e9, 0.0),), (M4, M4), (replace(M4, all_gather_bandwidth_bytes_per_s=0.0),), ("x",)):  # fmt: skip
+    for bad in ((CPMeasurement(1, 1e9, 0.0, 1e9, 0.0),), (M4, M4), (replace(M4, all_gather_bandwidth_bytes_per_s=0.0),), ("x",), 3, (replace(M4, reduce_scatter_latency_s="1"),)):  # fmt: skip
         with pytest.raises(DcpOptError, match="^cp_comm: must be CPMeasurements"):
             CostModel(MODEL, CLUSTER, COEFFS, cp_comm=bad)
 
