@@ -7,7 +7,8 @@ activations (their sum), but a checkpointed layer keeps only its input, which is
 block's input. The head's per-token time and constant give `head_*_per_token_s` and
 `microbatch_overhead_s`. The all-to-all volume per token per layer is analytic (cost.py,
 DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists,
-and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cp_cost.py, Measured rates).
+and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cp_cost.py,
+Measured rates).
 """
 
 from __future__ import annotations
@@ -136,14 +137,19 @@ def _device():
 
 
 def _timed(call, group, repeats: int) -> float:
-    """Median seconds of `call()` over `repeats` (after one warm-up), the group's slowest."""
+    """Median seconds of `call()` over `repeats` (after one warm-up), the group's slowest.
+    Under NCCL the collective is asynchronous on the stream: the device is synchronised before
+    the clock stops."""
     import torch.distributed as dist
 
+    cuda = dist.get_backend(group) == "nccl"
     times = []
     for i in range(repeats + 1):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         call()
+        if cuda:
+            torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - t0)
     t = torch.tensor(statistics.median(times))
