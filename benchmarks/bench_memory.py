@@ -160,14 +160,18 @@ def predicted(cost: CostModel) -> dict:
     return {"compute": 2 * p, "grads": 4 * p, "master+optimizer": o * p}
 
 
-def measure(workers: DistWorkers, mode: str, dtype: str | None, profile=None) -> list[dict]:
+def measure(
+    workers: DistWorkers, mode: str, dtype: str | None, profile=None, job=None
+) -> list[dict]:
+    """Rows of one mode on `workers`' world. `job`: job_measure, or a module-level function
+    that calls it (a test imports this file by path, so its workers cannot unpickle ours)."""
     world = workers.world_size
     cost = cost_for(world, mode, dtype, profile)
     batch = Batch.from_lengths(LENGTHS)
     plan = run_planner("greedy", batch, cost).plan
     preset = cost_for(world, mode, dtype)  # the FLOP-derived coefficients, beside
     rows = []
-    outs = workers.run(job_measure, mode, dtype, plan.to_json(), batch.to_dict())
+    outs = workers.run(job or job_measure, mode, dtype, plan.to_json(), batch.to_dict())
     for rank, out in enumerate(outs):
         held = out["held"]
         got = held["params"] + held["compute"] + held["grads"] + held["optimizer"]
