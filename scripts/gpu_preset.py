@@ -276,9 +276,10 @@ HEADER = ["model", "block", "points", "fwd err", "bwd err", "fwd R2", "act B/tok
           "ckpt B/tok/layer", "peak GiB", "ref: fwd+bwd ms/block", "wall s"]  # fmt: skip
 
 
-def print_table(rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-    for r in [HEADER, *rows]:
+def print_table(rows: list[list[str]], header: list[str] = HEADER) -> None:
+    """Rows under `header`, columns left-aligned (scripts/gpu_memory.py uses it too)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
 
 
