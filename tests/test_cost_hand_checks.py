@@ -128,6 +128,8 @@ def test_fingerprints_of_saved_plans_stay_valid():
     )
     assert knobs.fingerprint() == "95dd38743399c45c"
     assert lm_cost(sp_kinds=("ulysses", "cp")).fingerprint() == "cc754d11b8cfb096"
+    measured = (CPMeasurement(2, 1e3, 1e-3, 2e3, 2e-3),)
+    assert lm_cost(sp_kinds=("ulysses", "cp"), cp_comm=measured).fingerprint() == "6d3e8406a860a213"
 
 
 def test_combined_fingerprint_is_16_hex_of_both():
