@@ -637,11 +637,11 @@ class CostModel:
         if self.closing_step_s is not None:
             return float(self.closing_step_s)
         if "closing" not in self._cache:  # simulate asks once per plan
-            co = self.coeffs
-            fwd, bwd = self.layer_times(np.ones((1, self.num_features)), 1)  # Q = T = S = 1
-            head = co.head_fwd_per_token_s + co.head_bwd_per_token_s
-            one = self.model.num_layers * (fwd[0] + bwd[0]) + head + co.microbatch_overhead_s
-            self._cache["closing"] = float(one) / self.cluster.group_speed(0, self.cluster.num_gpus)
+            one = np.ones((1, self.num_features))  # Q = T = S = 1: one token
+            speed = self.cluster.group_speed(0, self.cluster.num_gpus)
+            # time_parts, so a subclass that reprices micro-batches (recalibrate) reprices it
+            c, r, m = self.time_parts(one, 1, 0, speed=speed)  # degree 1: m = 0
+            self._cache["closing"] = float(c[0] + r[0] + m[0])
         return self._cache["closing"]
 
     def grad_sync_time(self) -> float:

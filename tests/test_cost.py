@@ -110,6 +110,11 @@ def test_the_closing_micro_step_is_one_token_at_degree_1_in_the_sharded_modes():
     assert cost.with_(optimizer_sharding="none").grad_sync_time() == 0.0
     assert cost.with_(closing_step_s=0.25).grad_sync_time() == 0.25
     assert cost.with_(optimizer_sharding="zero3").closing_step_time() == 6.5
+    # a cost model that reprices micro-batches (measured factor 2 at degree 1) reprices it
+    from dcp_opt.recalibrate import RecalibratedCostModel
+
+    twice = RecalibratedCostModel(cost.model, cost.cluster, cost.coeffs, degree_factors=((1, 2.0),))
+    assert twice.closing_step_time() == 13.0
 
 
 def test_check_fits_uses_the_roomiest_placement_of_the_largest_degree():
