@@ -230,38 +230,76 @@ def run_subprocess(where: Path, mod: Module, jobs: int, sample: int | None) -> d
     return {n: STATUS.get(c, "killed") for n, c in zip(names, codes, strict=True)}
 
 
-def run_two_stage(where: Path, mod: Module, jobs: int, fast_only: bool) -> tuple[dict, dict]:
-    """Runtime modules, every mutant: mutmut in-process on `fast_tests`, then the survivors
-    (and mutants no fast test reached) one pytest each on the slow selection, in mutmut's
-    own mutated tree. Returns (status by mutant, per-stage counts and wall times)."""
+def run_two_stage(
+    where: Path, mod: Module, jobs: int, fast_only: bool, equivalent: list
+) -> tuple[dict, dict]:
+    """Runtime modules, every mutant: mutmut in-process on `fast_tests`, then one pytest each
+    on the slow selection, in mutmut's own mutated tree, for what that stage left: survivors,
+    mutants no fast test reached and abnormal exits (a crash is rerun, not counted), except
+    survivors scripts/mutation_equivalent.json already lists. Returns (status by mutant,
+    per-stage counts and wall times); the status is also written to `where`/status.json
+    (what --recheck reruns)."""
     started = time.perf_counter()
     status = run_mutmut(where, replace(mod, tests=mod.fast_tests), jobs)
     fast_s = time.perf_counter() - started
-    left = [n for n, s in status.items() if s in ("survived", "no tests")]
+    source = (where / "mutants" / mod.path).read_text()
+    listed = {(e["function"], e["change"]) for e in equivalent}
+    left = [
+        n
+        for n, s in status.items()
+        if s not in ("killed", "timeout")
+        and not (s == "survived" and (_function(n), mutant_change(source, n)) in listed)
+    ]
     stages = {
         "fast": {
             "tests": list(mod.fast_tests),
             "mutants": len(status),
-            "killed": len(status) - len(left),
+            "killed": sum(s in ("killed", "timeout") for s in status.values()),
             "wall_s": round(fast_s, 1),
         }
     }
-    if fast_only or not left:
-        return status, stages
-    tree = where / "mutants"
-    if _pytest(tree, mod, "") != 0:
-        raise RuntimeError(f"{mod.path}: the slow selection fails without any mutant")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        codes = list(pool.map(lambda n: _pytest(tree, mod, n), left))
-    again = {n: STATUS.get(c, "killed") for n, c in zip(left, codes, strict=True)}
-    status.update(again)
-    stages["slow"] = {
-        "tests": list(mod.tests),
-        "mutants": len(left),
-        "killed": sum(s in ("killed", "timeout") for s in again.values()),
-        "wall_s": round(time.perf_counter() - started - fast_s, 1),
-    }
+    if not fast_only and left:
+        status.update(_rerun(where / "mutants", mod, jobs, left))
+        stages["slow"] = {
+            "tests": list(mod.tests),
+            "mutants": len(left),
+            "killed": sum(status[n] in ("killed", "timeout") for n in left),
+            "wall_s": round(time.perf_counter() - started - fast_s, 1),
+        }
+    (where / "status.json").write_text(json.dumps(status, indent=0) + "\n")
     return status, stages
+
+
+def _rerun(tree: Path, mod: Module, jobs: int, names: list[str]) -> dict[str, str]:
+    """One pytest of `mod.tests` per mutant (MUTANT_UNDER_TEST) in a trampolined tree."""
+    if _pytest(tree, mod, "") != 0:
+        raise RuntimeError(f"{mod.path}: {list(mod.tests)} fail without any mutant")
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        codes = list(pool.map(lambda n: _pytest(tree, mod, n), names))
+    return {n: STATUS.get(c, "killed") for n, c in zip(names, codes, strict=True)}
+
+
+def recheck_runtime(where: Path, mod: Module, jobs: int, equivalent: list) -> dict[str, str]:
+    """A two-stage run's survivors (its status.json), except those listed equivalent, rerun
+    against today's tests (`mod.tests`: e.g. a test written to kill them) in its mutated
+    tree; updates status.json."""
+    path = where / "status.json"
+    status = json.loads(path.read_text())
+    tree = where / "mutants"
+    shutil.rmtree(tree / "tests")
+    shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    source = (tree / mod.path).read_text()
+    listed = {(e["function"], e["change"]) for e in equivalent}
+    left = [
+        n
+        for n, s in status.items()
+        if s == "survived" and (_function(n), mutant_change(source, n)) not in listed
+    ]
+    if left:
+        again = _rerun(tree, mod, jobs, left)
+        status.update({n: s for n, s in again.items() if s in ("killed", "timeout")})
+    path.write_text(json.dumps(status, indent=0) + "\n")
+    return status
 
 
 def _pytest(where: Path, mod: Module, mutant: str, timeout_s: float = 600.0) -> int:
@@ -361,8 +399,9 @@ def main() -> int:
         "--recheck",
         nargs="*",
         metavar="TEST",
-        help="in-process modules: rerun an earlier run's survivors (in --out) against today's "
-        "tests: these (e.g. the file written to kill them) or the module's selection",
+        help="rerun an earlier run's survivors (in --out) against today's tests: these (e.g. "
+        "the file written to kill them) or the module's selection (runtime modules: both "
+        "stages' tests; needs the status.json of a two-stage run)",
     )
     args = p.parse_args()
     out = Path(args.out).resolve()
@@ -370,31 +409,46 @@ def main() -> int:
     all_equivalent = json.loads(EQUIVALENT.read_text()) if EQUIVALENT.exists() else {}
     summary_path = out / "summary.json"
     doc = json.loads(summary_path.read_text()) if summary_path.exists() else {"modules": {}}
-    doc["commit"] = _short(args.at or "HEAD")
+    if args.recheck is None:
+        doc["commit"] = _short(args.at or "HEAD")
     for name in args.modules:
         mod, where, started = MODULES[name], out / name, time.perf_counter()
         stages, two_stage = None, not mod.in_process and args.sample is None
+        equivalent = all_equivalent.get(mod.path, [])
         if args.recheck is not None and mod.in_process:
             tests = tuple(args.recheck) or mod.tests
             status = recheck(where, replace(mod, tests=tests), args.jobs)
+        elif args.recheck is not None and (where / "status.json").exists():
+            tests = tuple(args.recheck) or mod.fast_tests + mod.tests
+            status = recheck_runtime(where, replace(mod, tests=tests), args.jobs, equivalent)
+            stages, two_stage = doc["modules"].get(name, {}).get("stages"), True
         elif mod.in_process:
             stage(where, args.at)
             status = run_mutmut(where, mod, args.jobs)
         elif two_stage:
             stage(where, args.at)
-            status, stages = run_two_stage(where, mod, args.jobs, args.fast_only)
+            status, stages = run_two_stage(where, mod, args.jobs, args.fast_only, equivalent)
         else:
             stage(where, args.at)
             status = run_subprocess(where, mod, args.jobs, args.sample)
         trampolined = mod.in_process or two_stage
         source = (where / ("mutants" if trampolined else "") / mod.path).read_text()
-        row = summarise(mod, status, source, all_equivalent.get(mod.path, []))
+        row = summarise(mod, status, source, equivalent)
         row["wall_s"] = round(time.perf_counter() - started, 1)
         row["sampled"] = None if mod.in_process else args.sample
         if stages is not None:
             row["stages"] = stages
         if args.at is not None:
             row["commit"] = _short(args.at)
+        if args.recheck is not None and not mod.in_process:
+            # the mutants are the earlier run's: keep its commit and time, add the recheck's
+            before = doc["modules"].get(name, {})
+            row.update({k: before[k] for k in ("commit", "wall_s") if k in before})
+            row["recheck"] = {
+                "tests": list(args.recheck) or "both stages",
+                "tests_commit": _short("HEAD"),
+                "wall_s": round(time.perf_counter() - started, 1),
+            }
         doc["modules"][name] = row
         summary_path.write_text(json.dumps(doc, indent=1) + "\n")
         print(

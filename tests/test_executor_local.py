@@ -538,6 +538,7 @@ def test_seeded_generator_depends_on_seed_step_sequence_and_salt_only():
 
     base = draw(3, 7, seed=1, salt="a")
     assert draw(3, 7, seed=1, salt="a") == base  # reproducible by any rank
+    assert draw(3, 7) == draw(3, 7, seed=0, salt="")  # the documented defaults
     others = [draw(4, 7, seed=1, salt="a"), draw(3, 8, seed=1, salt="a"),
               draw(3, 7, seed=2, salt="a"), draw(3, 7, seed=1, salt="b"), draw(7, 3, seed=1, salt="a")]  # fmt: skip
     assert all(o != base for o in others)
