@@ -292,3 +292,40 @@ def test_dsp_switch_moves_every_token_where_the_layout_says(degree, shapes):
 def test_video_layout_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
         VideoLayout(*args)
+
+
+def test_diffusion_task_runs_a_micro_batch_through_each_attention_once():
+    """DiffusionTask.run on three videos of two shapes: every attention of every block is
+    one kernel call for all videos (4 per layer: spatial and temporal self-attention, their
+    cross-attention), and the loss and gradients are those of the videos one at a time."""
+    from dcp_opt.runtime import DiffusionTask, SPState
+
+    torch.manual_seed(0)
+    cfg = DiTConfig(in_channels=3, hidden=16, num_heads=4, num_layers=2, ffn_hidden=24)
+    model, task = TinyDiT(cfg).double(), DiffusionTask(seed=3)
+    gen = torch.Generator().manual_seed(2)
+    samples = [
+        (sid, {"x": torch.randn(f, s, 3, dtype=F64, generator=gen),
+               "text": torch.randn(n, cfg.text_dim, dtype=F64, generator=gen)})
+        for sid, (f, s, n) in enumerate([(3, 4, 2), (2, 5, 3), (3, 4, 1)])
+    ]  # fmt: skip
+    calls = []
+    real = attention._reference_attention
+
+    def counted(*a, **kw):
+        calls.append(a[0].shape[0])
+        return real(*a, **kw)
+
+    attention._reference_attention = counted
+    try:
+        loss = task.run(model, samples, SPState(), step=1, kind="samples", scale=0.5)
+    finally:
+        attention._reference_attention = real
+    assert len(calls) == 4 * cfg.num_layers
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    want = sum(task.reference_loss(model, sid, s, step=1, kind="samples") for sid, s in samples)
+    (want * 0.5).backward()
+    assert abs(loss.item() - 0.5 * want.item()) <= 1e-12 * abs(want.item())
+    for g, p in zip(got, model.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, rtol=1e-10, atol=1e-14)
