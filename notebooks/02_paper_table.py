@@ -168,4 +168,6 @@ display(
 #    published PAC's tokens/s on the 2D workloads with nothing dropped (default-size stream,
 #    benchmarks/results/stream.json), not the 1.4-2.0x the one-batch framing shows; the
 #    stream bound caps any plan of those steps at 1.06-1.16x.
-# 5. **1D text** is not in the paper; `dcp-opt bench --stream` covers it with llama-7b.
+# 5. **1D text** is not in the paper; `dcp-opt bench --stream` covers it with llama-7b, with
+#    the text frameworks users run instead (verl's dynamic batch size, Megatron-Core's dynamic
+#    CP) on the same fixed 2M-token global batches (docs/baselines.md, "Framework baselines").
