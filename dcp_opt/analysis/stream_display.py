@@ -23,7 +23,9 @@ def render_stream_table(doc: dict):
         title_justify="left",
         caption="published: the VideoSys sampler over the epoch (cap 0.7, PAC min 15 "
         "micro-batches, drop_last; /nodrop keeps every sample); planner@size: fixed steps of "
-        "that many tokens in data order (+former: the step former); M = 2^20 tokens; vs X: "
+        "that many tokens in data order (+former: the step former); 1D: megatron_dynamic_cp@ "
+        "and verl_balanced@size (framework) schedule the same fixed global batches, with "
+        "greedy+cp@size, on a cost model offering ulysses and cp; M = 2^20 tokens; vs X: "
         "tokens/s over published X; gap: epoch time / stream lower bound - 1",
         caption_justify="left",
     )
