@@ -45,6 +45,48 @@ def test_head_tail_layout_balances_causal_pairs():
     assert len(set(layout.reshape(-1).tolist())) == 12
 
 
+def test_local_chunks_are_runs_inside_one_sequence():
+    from dcp_opt.runtime.cp import local_chunks
+
+    # [16, 8] at d=2 (layout above) padded to 24: member 0 holds 0-3, 12-15 | 16-17, 22-23;
+    # member 1 holds 4-11 (chunks 1 and 2 adjoin: one run) | 18-21
+    layout = head_tail_layout([16, 8], 2)
+    segments = torch.tensor([0] * 16 + [1] * 8)
+    assert local_chunks(layout, segments, 0) == [(0, 4, 0, 4), (4, 4, 0, 16), (8, 2, 16, 2),
+                                                 (10, 2, 16, 8)]  # fmt: skip
+    assert local_chunks(layout, segments, 1) == [(0, 8, 0, 12), (8, 4, 16, 6)]
+    # padding (segment -1) after 9 real tokens is one more sequence
+    layout = head_tail_layout([3, 5, 1], 4)
+    segments = torch.tensor([0] * 3 + [1] * 5 + [2] + [-1] * 3)
+    got = [ch for r in range(4) for ch in local_chunks(layout, segments, r)]
+    covered = sorted(i for _, c, s, p in got for i in range(s + p - c, s + p))
+    assert covered == list(range(12))  # every token once, as its chunk's stream indices
+    assert {s for _, c, s, p in got if s + p - c >= 9} == {9}  # padding: one sequence at 9
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_prefix_causal_matches_bottom_right_masked_attention(kv_heads):
+    # c queries at the end of n keys, the CPU kernel cp_attention uses, against SDPA with the
+    # bottom-right causal mask; float64, forward and every gradient
+    from dcp_opt.runtime.cp import _PrefixCausal
+
+    torch.manual_seed(0)
+    for c, n in [(5, 13), (6, 6), (1, 9)]:
+        q = torch.randn(1, 4, c, 8, dtype=torch.float64, requires_grad=True)
+        k, v = (torch.randn(1, kv_heads, n, 8, dtype=torch.float64, requires_grad=True)
+                for _ in "kv")  # fmt: skip
+        g = torch.randn(1, 4, c, 8, dtype=torch.float64)
+        got = _PrefixCausal.apply(q, k, v, 0.3)
+        grads = torch.autograd.grad(got, (q, k, v), g)
+        mask = torch.ones(c, n, dtype=torch.bool).tril(n - c)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=0.3, enable_gqa=kv_heads != 4
+        )
+        wants = (want, *torch.autograd.grad(want, (q, k, v), g))
+        for a, b in zip((got, *grads), wants, strict=True):
+            assert torch.allclose(a, b, atol=1e-12, rtol=0), (c, n, (a - b).abs().max())
+
+
 def _g(start, degree, kind, *mbs) -> Group:
     return Group(start, degree, tuple(MicroBatch(tuple(ids), r) for ids, r in mbs), kind)
 
