@@ -69,9 +69,12 @@ def case(kind: str, world: int, normalizer_kind: str | None = None):
     batch = Batch.from_lengths(shapes) if kind == "1d" else Batch.from_shapes(shapes)
     cost = cost_for(kind, world).with_(sp_kinds=("ulysses", "cp") if kind == "1d" else ("ulysses",))
     groups = [[_group(*g[0], g[1]) if len(g) == 2 else _kind(g) for g in ph] for ph in phases]
+    kind_of_loss = normalizer_kind or default_kind
+    # a predicted time, as planners give: the report must carry it through unchanged
     plan = make_plan(
-        groups, batch, cost, planner="hand", normalizer_kind=normalizer_kind or default_kind
-    )
+        groups, batch, cost, planner="hand", normalizer_kind=kind_of_loss,
+        predicted_step_time_s=0.25 * world,
+    )  # fmt: skip
     assert validate(plan, batch, cost) == []
     return plan, batch
 
@@ -559,3 +562,30 @@ def test_one_byte_buckets_are_allowed_and_send_one_parameter_each():
         assert [n for _, n in sent.of(rank)] == [sizes[0] + 1, *sizes[1:]]
         assert abs(report.loss - want_loss) <= TOL * want_loss
         assert max_relative_error(grads(models[rank]), want_grads) <= TOL
+
+
+def test_a_float32_models_loss_rides_in_its_gradient_bucket():
+    """The step's loss travels as the model's dtype, in the gradients' only bucket: one
+    all-reduce per step for a float32 model too (not a second one for a float64 loss)."""
+    plan, batch = case("1d", 2)
+    models = [make_model("1d", SEED).float() for _ in range(2)]
+    data = make_data("1d", batch, SEED)
+    with Recording("all_reduce") as sent:
+        results = run_world(2, job_models, plan, LMTask(), models, data, {})
+    want_loss, _ = reference("1d", plan.normalizer_kind, batch, SEED, STEP)
+    size = sum(p.numel() for p in models[0].parameters())
+    for rank, report in enumerate(results):
+        assert sent.of(rank) == [(torch.float32, size + 1)]
+        assert abs(report.loss - want_loss) <= 1e-5 * want_loss
+
+
+def test_under_nccl_the_hash_and_loss_live_on_the_current_cuda_device(monkeypatch):
+    """_device(): the current CUDA device under NCCL (its collectives take CUDA tensors),
+    the CPU otherwise. Checked without a GPU: a torch.device is only a name."""
+    from dcp_opt.runtime import executor
+
+    monkeypatch.setattr(executor.dist, "get_backend", lambda: "nccl")
+    monkeypatch.setattr(executor.torch.cuda, "current_device", lambda: 3)
+    assert executor._device() == torch.device("cuda", 3)
+    monkeypatch.setattr(executor.dist, "get_backend", lambda: "gloo")
+    assert executor._device() == torch.device("cpu")
