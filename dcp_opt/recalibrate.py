@@ -26,11 +26,11 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from .cost import CostModel, MemoCache
+from .cost import CostModel
 from .errors import DcpOptError, require
 
 ALL = 0  # key of the all-degree factor
@@ -141,9 +141,12 @@ class Recalibrator:
 def _cost_fields(cost: CostModel) -> dict:
     """Every field a CostModel is built from (every knob included, so a recalibrated model
     charges what its base charges), without the memo."""
-    return {
+    out = {
         f.name: getattr(cost, f.name) for f in fields(CostModel) if f.init and f.name != "_cache"
     }
+    if cost._reduce_follows_mode:  # a sync volume left to the mode keeps following it
+        out["grad_reduce_bytes_per_param"] = None
+    return out
 
 
 @dataclass(frozen=True)
@@ -164,9 +167,6 @@ class RecalibratedCostModel(CostModel):
         f = self.factor(d)
         c, r, m = super().time_parts(feats, d, recompute_layers, **kw)
         return c * f, r * f, m * f
-
-    def with_(self, **changes) -> RecalibratedCostModel:
-        return replace(self, _cache=MemoCache(), **changes)
 
     def fingerprint(self) -> str:
         extra = ",".join(f"{d}:{f:.9g}" for d, f in self.degree_factors)

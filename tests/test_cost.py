@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from dcp_opt import Batch, CostModel
+from dcp_opt import Batch, CostModel, cluster_preset, model_preset
 from dcp_opt.cost import CostCoefficients, runtime_reduce_bytes
 from dcp_opt.errors import DcpOptError, InfeasibleError
 from tests.toy import toy_cost
@@ -209,3 +209,18 @@ def test_time_by_degree_rows_are_the_one_degree_calls_bit_for_bit(kind, subclass
         assert np.array_equal(row, cost.time(feats, d, r, **kw))
     if kind == "cp":  # the kind reaches the cost model: context parallelism costs differ
         assert not np.array_equal(got, cost.time_by_degree(feats, degrees, rec))
+
+
+def test_recalibrated_model_keeps_the_sync_following_the_mode():
+    """A recalibrated model (and its base, and its copies) charges each mode's own collectives
+    when its source left the volume to the mode, and keeps an explicit volume as given."""
+    from dcp_opt.recalibrate import Recalibrator
+
+    base = CostModel(model_preset("llama-7b"), cluster_preset("h200x32"))
+    rc = Recalibrator().corrected(base)
+    for mode, expect in (("none", 4.0), ("zero1", 3.0), ("zero3", 3.0)):
+        assert rc.with_(optimizer_sharding=mode).grad_reduce_bytes_per_param == expect
+        assert rc.base.with_(optimizer_sharding=mode).grad_reduce_bytes_per_param == expect
+    assert type(rc.with_(optimizer_sharding="none")) is type(rc)
+    fixed = Recalibrator().corrected(base.with_(grad_reduce_bytes_per_param=2.0))
+    assert fixed.with_(optimizer_sharding="none").grad_reduce_bytes_per_param == 2.0
