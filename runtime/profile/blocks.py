@@ -3,8 +3,10 @@ the runtime's example models (runtime/models.py).
 
 A `BlockUnderTest` builds synthetic inputs for a micro-batch of shapes and runs its block
 forward on them. Inputs are a list of calls: a 1D block packs every sequence into one call
-(as the runtime packs a micro-batch); a 2D block runs one call per video (TinyDiT takes one
-video at a time). The first tensor of every call is the block input and requires grad, so
+(as the runtime packs a micro-batch); a 2D block runs one call per video (a DiT block on one
+video's [frames, spatial] grid; the runtime packs all videos of a micro-batch into one call,
+runtime/video.py, with the same attention work per video, so the per-token terms fitted here
+carry over; only the per-call constant is counted per video here and per micro-batch there). The first tensor of every call is the block input and requires grad, so
 the backward computes the input gradient as it would inside a deep stack.
 
 A `HeadUnderTest` is what runs once per micro-batch outside the layers (embedding, final norm,
