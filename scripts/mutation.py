@@ -400,8 +400,8 @@ def main() -> int:
         nargs="*",
         metavar="TEST",
         help="rerun an earlier run's survivors (in --out) against today's tests: these (e.g. "
-        "the file written to kill them) or the module's selection (runtime modules: both "
-        "stages' tests; needs the status.json of a two-stage run)",
+        "the file written to kill them) or the module's selection (runtime modules: the fast "
+        "stage's; needs the status.json of a two-stage run)",
     )
     args = p.parse_args()
     out = Path(args.out).resolve()
@@ -419,7 +419,7 @@ def main() -> int:
             tests = tuple(args.recheck) or mod.tests
             status = recheck(where, replace(mod, tests=tests), args.jobs)
         elif args.recheck is not None and (where / "status.json").exists():
-            tests = tuple(args.recheck) or mod.fast_tests + mod.tests
+            tests = tuple(args.recheck) or mod.fast_tests
             status = recheck_runtime(where, replace(mod, tests=tests), args.jobs, equivalent)
             stages, two_stage = doc["modules"].get(name, {}).get("stages"), True
         elif mod.in_process:
