@@ -95,11 +95,13 @@ class _GatherTokens(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sp, order):
         ctx.sp, ctx.order = sp, order
-        out = all_gather_raw(x, sp)
         if order is None:
-            return out
-        stream = torch.empty_like(out)
-        stream[order] = out  # gathered row r holds stream index order[r]
+            return all_gather_raw(x, sp)
+        parts = [torch.empty_like(x) for _ in range(sp.degree)]
+        dist.all_gather(parts, x.contiguous(), group=sp.group)
+        stream = x.new_empty(sp.degree * x.shape[0], *x.shape[1:])
+        for j, rows in enumerate(order.reshape(sp.degree, -1)):
+            stream[rows] = parts[j]  # member j's row t is stream index order[j M + t]
         return stream
 
     @staticmethod
@@ -122,17 +124,16 @@ def local_chunks(layout: torch.Tensor, segments: torch.Tensor, rank: int) -> lis
     (the padded tail, segment -1, counts as one): query j of a run sits at in-sequence
     position p - c + j. At most 2 per sequence under head_tail_layout."""
     _, counts = torch.unique_consecutive(segments.cpu(), return_counts=True)
-    starts = (counts.cumsum(0) - counts).tolist()
+    starts = counts.cumsum(0) - counts
     mine = layout[rank].cpu()
-    seq = (torch.searchsorted(torch.tensor(starts), mine, right=True) - 1).tolist()
-    idx = mine.tolist()
-    chunks, first = [], 0
-    for j in range(1, len(idx) + 1):
-        if j == len(idx) or idx[j] != idx[j - 1] + 1 or seq[j] != seq[j - 1]:
-            s = starts[seq[first]]
-            chunks.append((first, j - first, s, idx[j - 1] - s + 1))
-            first = j
-    return chunks
+    seq = torch.searchsorted(starts, mine, right=True) - 1
+    # a run ends where the next row is not the next stream index or is another sequence
+    brk = (mine[1:] != mine[:-1] + 1) | (seq[1:] != seq[:-1])
+    first = torch.cat([torch.zeros(1, dtype=torch.long), brk.nonzero().flatten() + 1])
+    last = torch.cat([first[1:], torch.tensor([mine.numel()])]) - 1
+    begin = starts[seq[first]]
+    cols = (first, last - first + 1, begin, mine[last] - begin + 1)
+    return list(zip(*(x.tolist() for x in cols), strict=True))
 
 
 _FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
