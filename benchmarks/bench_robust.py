@@ -22,7 +22,9 @@ tightest certified bound, and the rows' gaps are to it (*_gap_plain_*: to the bo
 explain).
 --quick: a smoke run (2M tokens, the 2D workloads and 2d-imageheavy, 5 models, one batch per
 row, so one batch decides a row's median); the acceptance figures are the default run's.
-JSON: {"config", "rows": [per model x workload: model, workload, batches, greedy_gap_median,
+benchmarks/results/robust.json holds one run per cluster ({"h200x32": run, "h200x8": run,
+"h200x8_session4": the run before the overflow-first and long-then candidates}), each:
+JSON: {"config", "commit", "rows": [per model x workload: model, workload, batches, greedy_gap_median,
 greedy_gap_max, cpsat_gap_median, cpsat_gap_max (to the tightest bound), the same as
 *_gap_plain_* (to the bound before explain), rule_beats_greedy, rule_beats_cpsat],
 "batches": [per batch: model, workload, tokens, seed, seqs, bound_s, greedy_s, cpsat_s,
