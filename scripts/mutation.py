@@ -121,7 +121,10 @@ MODULES = {
         fast_tests=("tests/test_executor_local.py",),
     ),
 }
+# mutmut's exit codes (mutmut/stats.py status_by_exit_code); SIGXCPU (its CPU-time limit)
+# is a timeout too
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 36: "timeout"}
+STATUS.update(dict.fromkeys((-24, 24, 152, 255), "timeout"))
 
 
 def source_of(path: str) -> Path:
