@@ -175,6 +175,8 @@ def _check_framework_rows(rows: list[dict]) -> None:
 def test_frameworks_skip_2d_and_name_the_field():
     with pytest.raises(DcpOptError, match="frameworks"):
         StreamConfig(frameworks=("deepspeed",))
+    with pytest.raises(DcpOptError, match="^planners: .*framework"):
+        StreamConfig(planners=("greedy", "verl_balanced"))
     with pytest.raises(DcpOptError, match="^framework_sizes: "):
         StreamConfig(framework_sizes=(0,))
     with pytest.raises(DcpOptError, match="^former_budget_per_step_s: "):

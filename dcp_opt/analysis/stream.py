@@ -162,6 +162,12 @@ class StreamConfig:
             )
         if self.framework_sizes is not None and any(s < 1 for s in self.framework_sizes):
             raise DcpOptError(f"framework_sizes: must be >= 1 token, got {self.framework_sizes}")
+        both = [p for p in self.planners if p in FRAMEWORKS]
+        if both:
+            raise DcpOptError(
+                f"planners: {both} are framework baselines; they run on the 1D workloads as "
+                f"`frameworks` (allowed planners: the project's, e.g. greedy, cpsat)"
+            )
         unknown = [p for p in self.frameworks if p not in FRAMEWORKS]
         if unknown:
             raise DcpOptError(f"frameworks: {unknown} not allowed; allowed: {list(FRAMEWORKS)}")
