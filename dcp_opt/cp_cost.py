@@ -5,8 +5,9 @@ Why all-gather-KV and not ring attention. The Llama 3 report ("The Llama 3 Herd 
 attention, and gives two reasons: any attention mask is easy (document masks of packed
 sequences) and under GQA the K/V tensors are small next to the O(S^2) attention. For dcp_opt it
 is also the kind that is simplest to make *exact*: every rank sees every key, so a rank's
-queries can be any subset of the packed stream (the causal head-tail chunks below) with masks
-from global positions and segment ids, and the backward of an all-gather is a reduce-scatter
+queries can be any subset of the packed stream (the causal head-tail chunks below): each local
+chunk attends to its own sequence's gathered keys up to its end, causal aligned bottom-right,
+with no stream-wide mask, and the backward of an all-gather is a reduce-scatter
 (runtime/cp.py). Ring attention (Liu et al. 2023) overlaps its K/V steps with blockwise
 attention but needs per-block causal bookkeeping; it is not modelled.
 
