@@ -1,7 +1,8 @@
 """A plan from the rank-assignment relaxation (solvers/lp_bound.rank_milp), for benchmarks.
 
-Each group of the relaxation's solution runs in a phase of its degree, widest first, each
-sequence in its own micro-batch at the fewest recomputed layers that fit the group. Members
+Each group of the relaxation's solution runs in a phase of its degree, widest first; a
+sequence that needs recomputed layers runs alone at its fewest, the others are packed while
+the micro-batch fits without recompute. Members
 of an aligned group were members of the same wider groups before it, so they are free at the
 same moment and no rank waits: the plan's finish is the relaxation's plus the micro-batch
 constants beyond the one per rank it counts. So a valid plan close to the certified bound
@@ -56,12 +57,25 @@ def rank_plan(batch: Batch, cost: CostModel, *, time_limit_s: float = 10.0) -> P
 
 
 def _group(batch: Batch, cost: CostModel, idx: list[int], d: int, start: int) -> Group | None:
+    """The group's micro-batches: a sequence that needs recomputed layers alone at its
+    fewest; the others packed, longest first, while the micro-batch fits without recompute
+    (one constant for all of them, as the greedy packs)."""
     cap = cost.capacity(start, d)
-    mbs = []
-    for i in idx:
-        s = batch.sequences[i]
+    seqs = sorted((batch.sequences[i] for i in idx), key=lambda s: -s.num_tokens)
+    mbs, packed, tokens = [], [], 0.0
+    for s in seqs:
         r = int(cost.min_recompute(float(s.num_tokens), d, cap))
         if r < 0:
             return None
-        mbs.append(MicroBatch((s.id,), r))
+        if r > 0:
+            mbs.append(MicroBatch((s.id,), r))
+        elif packed and cost.min_recompute(tokens + s.num_tokens, d, cap) == 0:
+            packed.append(s.id)
+            tokens += s.num_tokens
+        else:
+            if packed:
+                mbs.append(MicroBatch(tuple(packed), 0))
+            packed, tokens = [s.id], float(s.num_tokens)
+    if packed:
+        mbs.append(MicroBatch(tuple(packed), 0))
     return Group(start, d, tuple(mbs))
