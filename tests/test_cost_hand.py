@@ -27,6 +27,7 @@ from dcp_opt.cost import (
     flops_coefficients,
     windowed_quad,
 )
+from dcp_opt.cp_cost import CPMeasurement
 from dcp_opt.errors import DcpOptError
 
 
@@ -311,6 +312,19 @@ def test_ulysses_and_cp_layers_by_hand():
     # model.ulysses_kv_heads, so the full 64 B): 64 * 6/4 * 3/4 = 72 bytes at 16 B/s, plus
     # 4 calls x 0.01 x 3 peers
     assert close(cost.comm_time_per_layer(6.0, 4, False), 72 / 16 + 4 * 0.01 * 3)
+
+
+def test_measured_cp_collectives_by_hand():
+    # K/V of one token: 2 kv heads x head_dim 4 x (K, V) x 2 B = 32 bytes; 6 tokens at d = 4
+    # (one node): each rank sends (d-1)/d of the gathered 192 bytes, 144 (Thakur et al. 2005).
+    # Measured at group size 4: all-gather 8 B/s and 0.3 s per call (0.1 per ring step),
+    # reduce-scatter 4 B/s and 0.6 s (0.2 per step): 144/8 + 3 * 0.1 = 18.3 s forward,
+    # 144/4 + 3 * 0.2 = 36.6 s backward. L = 2 layers, r = 1: forwards (L + r) x 18.3 and
+    # backwards L x 36.6
+    measured = (CPMeasurement(4, 8.0, 0.3, 4.0, 0.6),)
+    cost = lm_cost(sp_kinds=("ulysses", "cp"), cp_comm=measured)
+    seq = Batch.from_lengths([6]).sequences
+    assert close(cost.microbatch_time(seq, 4, 1, kind="cp").comm_s, 3 * 18.3 + 2 * 36.6)
 
 
 def test_cp_is_refused_for_a_video_model():

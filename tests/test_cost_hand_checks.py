@@ -33,6 +33,23 @@ def test_two_gpus_sync_their_gradients():
     assert close(cost.grad_sync_time(), 125.3)
 
 
+def test_one_gpu_pays_the_closing_step_and_the_overhead():
+    one = Cluster("one", 1, 1, 1e6, 1000.0, 16.0, 4.0)
+    cost = CostModel(DIT, one, HAND_2D, grad_reduce_bytes_per_param=2.0, step_overhead_s=0.3)
+    # no ring on one GPU; zero1's closing one-token step (208.49 s, test_closing_step_by_hand)
+    assert close(cost.grad_sync_time(), 0.3 + 208.49)
+
+
+def test_the_ring_pays_its_most_loaded_link():
+    from tests.test_topology import rail_fabric
+
+    rail = Cluster("rail", 2, 2, 1e6, 1000.0, 400e9, 50e9, topology=rail_fabric())
+    cost = CostModel(DIT, rail, HAND_2D, "none", grad_reduce_bytes_per_param=2.0)
+    # the ring's rail1 -> spine link carries 2 chunks at 25 GB/s (test_rail_fabric_ring_by_hand):
+    # 2 (4-1)/4 x 1000 x 2 B x 2 / 25e9
+    assert close(cost.grad_sync_time(), 2 * 3 / 4 * 2000 * 2 / 25e9)
+
+
 # ---- checks and their messages (docs: a bad field gets a one-line error naming it) ----------
 @pytest.mark.parametrize(
     "kw, message",
