@@ -28,6 +28,7 @@ from tests.counts import EXAMPLES
 from tests.test_properties import PLANNERS, REL, budgeted, run, sizes
 
 BASE = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x8"))
+MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
 
 
 # ---- the knobs charge what they say ------------------------------------------------------
@@ -151,6 +152,37 @@ def test_expensive_sp_long_video_not_on_one_wide_group():
         for mb in g.micro_batches
     )
     assert at_one >= 0.9 * len(batch)
+
+
+BASE32 = {k: CostModel(model_preset(m), cluster_preset("h200x32")) for k, m in MODELS.items()}
+
+
+@pytest.mark.parametrize(
+    "model, workload, tokens, single_phase",
+    [
+        # 24 videos of 9 s and 23 of 3.4-4.4 s on 32 ranks: a single-phase layout leaves a
+        # bin-packing remainder (12.24 s against a 10.65 s bound, 15 %); overflow-first
+        # runs mid-size ones first at degree 8 on every rank (~4.8 %)
+        ("sp-step", "2d-long", 16, 0.15),
+        # a few long videos among 306 short samples under SP overhead: single-phase layouts
+        # fill the long ones' SP groups with short samples at the SP degree (11.7 %, 5.4 %);
+        # long-then runs the long ones first on their own groups (~1.9 %, ~0.6 %)
+        ("combined", "2d-short", 2, 0.117),
+        ("sp-per-doubling", "2d-short", 2, 0.054),
+    ],
+)
+def test_h200x32_batches_levelled_by_a_wide_first_phase(model, workload, tokens, single_phase):
+    """Issue 19 on the standard cluster (docs/cost-model.md): greedy within 5 % of the
+    certified LP bound where its single-phase candidates were `single_phase` above it
+    (figures when written; the assertion is the 5 %, and that a phase 0 is used)."""
+    cost = perturbed_cost_models(BASE32[workload[:2]])[model]
+    batch = Workload.parse(workload).batch(0, tokens * 2**20)
+    res = get_planner("greedy")(batch, cost)
+    bound = lp_bound(batch, cost, time_limit_s=1.0).value_s
+    assert validate(res.plan, batch, cost) == []
+    assert res.predicted_step_time_s <= bound * 1.05, (res.predicted_step_time_s, bound)
+    assert len(res.plan.phases) == 2
+    assert res.stats["candidate"][0] in ("overflow-first", "long-then")
 
 
 def _sim(phases, batch, cost) -> float:
