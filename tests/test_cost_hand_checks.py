@@ -82,6 +82,26 @@ def test_bad_fields_are_refused_by_name(kw, message):
         dit_cost(**kw)
 
 
+@pytest.mark.parametrize("kinds", [("cp",), ("ulysses", "ulysses"), ("ulysses", "ring"), "ulysses"])
+def test_bad_sp_kinds_are_refused_by_name(kinds):
+    with pytest.raises(
+        DcpOptError,
+        match=r"sp_kinds: .* not allowed; allowed: distinct entries of \['ulysses', 'cp'\], "
+        r"'ulysses' included",
+    ):
+        lm_cost(sp_kinds=kinds)
+
+
+def test_sp_kinds_and_measurements_are_normalised():
+    # any order in: the kinds in cp_cost.SP_KINDS order, the measurements by group size
+    m2, m4 = (CPMeasurement(g, 8.0, 0.3, 4.0, 0.6) for g in (2, 4))
+    cost = lm_cost(sp_kinds=["cp", "ulysses"], cp_comm=[m4, m2])
+    assert (cost.sp_kinds, cost.cp_comm) == (("ulysses", "cp"), (m2, m4))
+    # cp is for 1D causal models: refused on the video model up front
+    with pytest.raises(DcpOptError, match="sp kind: 'cp' not allowed for the 2d model"):
+        dit_cost(sp_kinds=("ulysses", "cp"))
+
+
 def test_missing_block_coefficients_are_refused_by_name():
     only = replace(HAND_2D, blocks={"spatial": HAND_2D.blocks["spatial"]})
     with pytest.raises(
