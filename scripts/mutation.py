@@ -80,6 +80,8 @@ MODULES = {
     "cost": Module(
         "dcp_opt/cost.py",
         (
+            "tests/test_cost_hand.py",
+            "tests/test_cost_hand_checks.py",
             "tests/test_cost.py",
             "tests/test_core.py",
             "tests/test_bounds.py",
@@ -147,7 +149,7 @@ def stage(where: Path, rev: str | None = None) -> None:
             shutil.rmtree(root)
         root.mkdir(parents=True)
         archive = subprocess.run(
-            ["git", "archive", rev, "dcp_opt", "runtime", "solvers", "tests"],
+            ["git", "archive", rev, "dcp_opt", "runtime", "solvers", "tests", "benchmarks/results"],
             cwd=ROOT, capture_output=True, check=True,
         )  # fmt: skip
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
@@ -156,6 +158,10 @@ def stage(where: Path, rev: str | None = None) -> None:
     for inside, outside in NESTED.items():
         shutil.copytree(root / outside, where / inside, ignore=ignore)
     shutil.copytree(root / "tests", where / "tests", ignore=ignore)
+    # tests read stored results (e.g. test_profile_io loads fidelity.profile.json), from the
+    # staged tree and from mutmut's copy of it
+    for base in (where, where / "mutants"):
+        shutil.copytree(root / "benchmarks" / "results", base / "benchmarks" / "results")
     if rev is not None:
         shutil.rmtree(root)
 
@@ -354,8 +360,9 @@ def _function(name: str) -> str:
 
 def mutant_change(source: str, name: str) -> str:
     """The lines a mutant alters, `-old | +new` (stripped), from mutmut's trampolined module,
-    which holds every mutant and the original (`<function>__mutmut_orig`) as functions."""
-    old, new = _body(source, _function(name) + "__mutmut_orig"), _body(source, _key(name))
+    which holds every mutant and the original (`<function>__mutmut_orig`) as functions. The
+    signature counts (a mutated default is a change), with the function's name left out."""
+    old, new = _text(source, _function(name) + "__mutmut_orig"), _text(source, _key(name))
     diff = difflib.unified_diff(old, new, lineterm="", n=0)
     lines = [
         d for d in diff if d[:1] in "+-" and not d.startswith(("+++", "---")) and d[1:].strip()
@@ -363,14 +370,18 @@ def mutant_change(source: str, name: str) -> str:
     return " | ".join(d[0] + d[1:].strip() for d in lines)
 
 
-def _body(source: str, name: str) -> list[str]:
+def _text(source: str, name: str) -> list[str]:
+    """A function's signature, as one line with the function's name replaced by `f` (mutants
+    differ by name, and a signature's line breaks are layout), then its body."""
     m = re.search(rf"^( *)def {re.escape(name)}\(", source, re.M)
     if m is None:
         return []
     indent, lines = len(m.group(1)), source[m.start() :].splitlines()
     # the body starts after the signature's last line (a def may span several lines)
     first = next(i for i, line in enumerate(lines) if line.rstrip().endswith(":")) + 1
-    out = []
+    sig = " ".join(line.strip() for line in lines[:first]).replace(f"def {name}(", "def f(", 1)
+    sig = re.sub(r",?\s*\)", ")", re.sub(r"\(\s+", "(", sig))
+    out = [sig]
     for line in lines[first:]:
         if line.strip() and len(line) - len(line.lstrip()) <= indent:
             break

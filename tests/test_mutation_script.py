@@ -81,3 +81,16 @@ def test_score_is_killed_over_non_equivalent():
     assert row["survivors"] == [
         {"function": "x_f", "change": "-c = a + b | +c = a - b", "mutant": "x_f__mutmut_1"}
     ]
+
+
+def test_a_mutated_default_is_a_change_and_layout_is_not():
+    m = load()
+    source = (
+        'def x_g__mutmut_orig(a, kind="u"):\n    return a\n\n'
+        'def x_g__mutmut_1(a, kind="XXuXX"):\n    return a\n\n'
+        'def x_g__mutmut_2(\n    a,\n    kind="u",\n):\n    return a\n'
+    )
+    assert m.mutant_change(source, "pkg.x_g__mutmut_1") == (
+        '-def f(a, kind="u"): | +def f(a, kind="XXuXX"):'
+    )
+    assert m.mutant_change(source, "pkg.x_g__mutmut_2") == ""
