@@ -30,7 +30,8 @@ that forced form; it is not a throughput gain at fixed training semantics. The h
 comparison is the stream benchmark (`dcp-opt bench --stream`, dcp_opt/analysis/stream.py;
 benchmarks/results/stream.txt; docs/baselines.md "What a user gains"): at the published PAC's
 own median step, nothing dropped, the project's planner is 1.05-1.14x over published PAC on
-the 2D workloads, 1.22-1.33x on 1D, within 0.4-2 % of the stream bound.
+the 2D workloads, 1.22-1.32x on 1D, within 0.4-2 % of the stream bound (recorded run at
+c3deebc).
 JSON: {"config", "framing" (ONE_BATCH_FRAMING), "rows": [one per workload: workload, kind, num_batches, bound_ratio_median,
 bound_ratio_max, slower_count, slower_batches ([seed, planner, ratio]), speedup_vs_pac_median,
 speedup_vs_static_median, long ([seed, online_s, long_s, ratio]), online_vs_long_max,
