@@ -306,12 +306,11 @@ def _measure(ctx):
 
 
 @pytest.mark.dist
+@pytest.mark.parametrize("workers", [2], indirect=True, ids=["world2"])
 def test_cp_collectives_measured_on_gloo(workers):
     # the runtime's own collectives (runtime/cp.py) on the gloo ranks, buffers up to 2 MB;
     # every rank fits the same group-wide (slowest member's) times. World 2 only: at 4 ranks
     # on 2 shared cores the barriers dominate (~20 s) and nothing new is checked
-    if workers.world_size != 2:
-        pytest.skip("the measurement is checked at world 2")
     got = workers.run(_measure)
     assert all(g == got[0] for g in got) and got[0].group_size == workers.world_size
     for bw, lat in (got[0].rates("all_gather"), got[0].rates("reduce_scatter")):
