@@ -28,9 +28,11 @@ from collections.abc import Iterator
 import numpy as np
 
 from dcp_opt.batch import Batch
+from dcp_opt.build import make_plan
 from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
+from dcp_opt.validate import validate
 
 from . import greedy_level
 from .common import finish, gc_paused
@@ -61,6 +63,10 @@ UNIFORM_FIRST = 0.01  # see _uniform_first
 # most that much, and on the standard workloads (64-128 GPUs, 320-1024 sequences) they
 # gained 0.05 % median (0.6 % at most) for one to two assignment passes.
 CLOSE_ENOUGH = 0.02
+# On a cluster with a topology, batches up to this many sequences also get the plan greedy
+# makes for the cluster without it, priced on the fabric (_blind_candidate): greedy runs
+# twice, so large batches (the 64 x 512 latency target) are left to the aware search alone.
+BLIND_MAX_SEQUENCES = 400
 
 # ---- steps 3 and 4: assignment and packing ---------------------------------------------
 
@@ -498,6 +504,7 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
         res = finish(
             phases, batch, cost, planner="greedy", started=started, stats={"candidate": how}
         )
+        res = _blind_candidate(res, batch, cost, started)
         if "cp" not in cost.sp_kinds:
             return res
         # cp allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
@@ -508,6 +515,27 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
             u_phases, batch, cost, planner="greedy", started=started, stats={"candidate": u_how}
         )
         return best_with_kinds([res, u_res], batch, cost, started=started)
+
+
+def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: float):
+    """`res`, or the topology-blind greedy plan where that is faster on the fabric. The aware
+    tables price a degree at its costliest placement (dcp_opt/table.py plan_table), so on
+    some fabrics greedy's heuristic lands on a plan the blind one beats by a fraction of a
+    per cent (issue 17: 0.4 % on 16-GPU leaves at 2:1); planning blind and pricing on the
+    graph is a rule a user could apply, so it is a candidate. Its groups sit at multiples of
+    their degree, placements on any fabric; a plan the fabric refuses is skipped."""
+    cluster = cost.cluster
+    if cluster.topology is None or len(batch) > BLIND_MAX_SEQUENCES:
+        return res
+    blind = cost.with_(cluster=cluster.with_(topology=None))
+    phases, how = _first_fit(batch, blind)
+    if validate(make_plan(phases, batch, cost, planner="greedy"), batch, cost):
+        return res
+    alt = finish(
+        phases, batch, cost, planner="greedy", started=started, check=False,
+        stats={"candidate": how, "topology_blind": True},
+    )  # fmt: skip
+    return alt if alt.predicted_step_time_s < res.predicted_step_time_s else res
 
 
 def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:
