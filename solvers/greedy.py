@@ -28,11 +28,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from dcp_opt.batch import Batch
-from dcp_opt.build import make_plan
 from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
-from dcp_opt.validate import validate
 
 from . import greedy_level
 from .common import finish, gc_paused
@@ -529,10 +527,14 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
         return res
     blind = cost.with_(cluster=cluster.with_(topology=None))
     phases, how = _first_fit(batch, blind)
-    if validate(make_plan(phases, batch, cost, planner="greedy"), batch, cost):
+    groups = [g for phase in phases for g in phase]
+    if not all(
+        g.degree in cluster.allowed_degrees and cluster.is_placement(g.start_rank, g.degree)
+        for g in groups
+    ):
         return res
     alt = finish(
-        phases, batch, cost, planner="greedy", started=started, check=False,
+        phases, batch, cost, planner="greedy", started=started,
         stats={"candidate": how, "topology_blind": True},
     )  # fmt: skip
     return alt if alt.predicted_step_time_s < res.predicted_step_time_s else res
