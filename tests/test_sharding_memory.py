@@ -41,6 +41,20 @@ PROFILE = Path(__file__).parent.parent / "benchmarks" / "results" / "tiny_lm_bf1
 MEM_CFG = LMConfig(vocab_size=64, hidden=32, num_heads=4, num_layers=2, ffn_hidden=64)
 
 
+def _mem_params() -> int:
+    return sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
+
+
+def _greedy_per_mode(world: int):
+    """The memory tests' batch, and per sharding mode (SHARDING_MODES order) a cost model of
+    the TinyLM MEM_CFG model on `world` CPU ranks and greedy's plan for it."""
+    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(_mem_params()))
+    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
+    cluster = Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10)
+    costs = [CostModel(spec, cluster, None, mode) for mode in SHARDING_MODES]
+    return batch, costs, [run_planner("greedy", batch, c).plan for c in costs]
+
+
 def job_held_bytes(ctx, cases: list):
     """Per (plan JSON, batch dict, mode): two bf16 steps; held_bytes at step 2's peak (the
     optimizer state exists from step 1)."""
@@ -66,16 +80,12 @@ def job_held_bytes(ctx, cases: list):
 def test_bf16_model_states_equal_the_cost_model(workers):
     """bf16 weights gathered 2 B + fp32 accumulator 4 B + fp32 master and moments 12 B (/N
     when sharded) per parameter, counted from tensor storage on every rank, within 1%."""
-    n = sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
-    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(n))
-    world = workers.world_size
-    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
-    cases, costs = [], []
-    for mode in SHARDING_MODES:
-        cost = CostModel(spec, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
-        plan = run_planner("greedy", batch, cost).plan
-        cases.append((plan.to_json(), batch.to_dict(), mode))
-        costs.append(cost)
+    n, world = _mem_params(), workers.world_size
+    batch, costs, plans = _greedy_per_mode(world)
+    cases = [
+        (p.to_json(), batch.to_dict(), c.optimizer_sharding)
+        for p, c in zip(plans, costs, strict=True)
+    ]
     by_rank = workers.run(job_held_bytes, cases)
     for k, cost in enumerate(costs):
         share = 1 if cost.optimizer_sharding == "none" else world
@@ -140,16 +150,13 @@ def test_collectives_are_what_the_cost_model_reports(workers):
     """The bytes each rank puts through world collectives in a bf16 step = what
     CostModel.step_collectives (and so simulate's `collectives`) reports, within 1%; the
     loss all-reduce is the only other (8 bytes). The simulated step charges exactly them."""
-    n = sum(p.numel() for p in TinyLM(MEM_CFG).parameters())
-    spec = ModelSpec("m", "1d", 2, 32, 4, 64, vocab_size=64, num_params=float(n))
     world = workers.world_size
-    batch = Batch.from_lengths([5, 17, 9, 30, 2, 11])
-    cases, sims = [], []
-    for mode in SHARDING_MODES:
-        cost = CostModel(spec, Cluster("cpu", 1, world, 1e12, 1e12, 1e10, 1e10), None, mode)
-        plan = run_planner("greedy", batch, cost).plan
-        cases.append((plan.to_json(), batch.to_dict(), mode))
-        sims.append(simulate(plan, batch, cost))
+    batch, costs, plans = _greedy_per_mode(world)
+    cases = [
+        (p.to_json(), batch.to_dict(), c.optimizer_sharding)
+        for p, c in zip(plans, costs, strict=True)
+    ]
+    sims = [simulate(p, batch, c) for p, c in zip(plans, costs, strict=True)]
     by_rank = workers.run(job_collective_bytes, cases)
     share = (world - 1) / world
     for k, mode in enumerate(SHARDING_MODES):
