@@ -417,14 +417,21 @@ def _parse_coefficients(d: dict, model: ModelSpec) -> CostCoefficients:
     return CostCoefficients(blocks=parsed, source=str(source), **scalars)
 
 
-def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
+def _objects(items: Any, key: str):
+    """(where, object) for each entry of the profile's list `key`; anything else is an error
+    naming the field."""
     if not isinstance(items, list):
-        raise ProfileError(f"profile.a2a: expected a list, got {type(items).__name__}")
-    out = []
+        raise ProfileError(f"profile.{key}: expected a list, got {type(items).__name__}")
     for i, a in enumerate(items):
-        where = f"profile.a2a[{i}]"
+        where = f"profile.{key}[{i}]"
         if not isinstance(a, dict):
             raise ProfileError(f"{where}: expected an object, got {type(a).__name__}")
+        yield where, a
+
+
+def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
+    out = []
+    for where, a in _objects(items, "a2a"):
         size = _number(a, "group_size", where, integer=True)
         bw = _number(a, "bandwidth_bytes_per_s", where)
         if size < 2 or bw <= 0:
@@ -434,13 +441,8 @@ def _parse_a2a(items: Any) -> tuple[A2AMeasurement, ...]:
 
 
 def _parse_cp(items: Any) -> tuple[CPMeasurement, ...]:
-    if not isinstance(items, list):
-        raise ProfileError(f"profile.cp: expected a list, got {type(items).__name__}")
     out = []
-    for i, a in enumerate(items):
-        where = f"profile.cp[{i}]"
-        if not isinstance(a, dict):
-            raise ProfileError(f"{where}: expected an object, got {type(a).__name__}")
+    for where, a in _objects(items, "cp"):
         vals = {f.name: _number(a, f.name, where, integer=f.name == "group_size")
                 for f in fields(CPMeasurement)}  # fmt: skip
         bws = [v for k, v in vals.items() if k.endswith("bandwidth_bytes_per_s")]
