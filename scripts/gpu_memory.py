@@ -240,6 +240,10 @@ def main(argv=None) -> int:
     print(f"gpu_memory: dcp_opt from {how}; torch {torch.__version__}; device {name!r}; "
           f"{args.layers} layers of {spec.name} in {dtype}; attention kernel {kernel!r}",
           flush=True)  # fmt: skip
+    ok, line = kernel_check(args.device)
+    print(line, flush=True)
+    if not ok:
+        return 1
     rows = []
     for shape, lengths in args.shapes.items():
         got = measure(model, state, lengths, clock, args.repeats)
@@ -262,6 +266,49 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
         print(f"gpu_memory: wrote {args.json}")
     return 0
+
+
+def kernel_check(device: str, tol: float = 3e-2) -> tuple[bool, str]:
+    """Before any figure: the varlen kernel against the reference path (compare_kernels). The
+    varlen path has no CPU kernel, so on a machine without one this says so and passes."""
+    from dcp_opt.runtime import attention as A
+
+    if device != "cuda" or not A.varlen_available():
+        return True, "kernel check: varlen not available here; skipped"
+    worst = compare_kernels(device, A._varlen_attention)
+    ok = worst <= tol
+    return ok, f"kernel check: varlen vs reference, worst relative error {worst:.2e} " + (
+        "(ok)" if ok else f"ABOVE {tol:g}: varlen gradients are not to be trusted here"
+    )
+
+
+def compare_kernels(device: str, varlen) -> float:
+    """`varlen(q, k, v, lengths, k_lengths, causal=, scale=, window=)` on packed bf16 inputs
+    (mixed lengths, GQA 8 over 2 heads, causal with and without a window) against the
+    reference path on the same inputs in float32: the worst of max |diff| / max |reference|
+    over the output and the q/k/v gradients."""
+    import torch
+    from dcp_opt.runtime import attention as A
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    lengths, worst = [37, 200, 5, 64], 0.0
+    for window in (None, 16):
+        q, k, v = (torch.randn(sum(lengths), h, 64, device=device, generator=gen,
+                               dtype=torch.bfloat16) for h in (8, 2, 2))  # fmt: skip
+        got, want = [], []
+        for fn, dtype in ((varlen, torch.bfloat16), (None, torch.float32)):
+            xs = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+            opts = {"causal": True, "scale": None, "window": window}
+            if fn is None:
+                out = A._reference_attention(*xs, lengths, lengths, softcap=None, sinks=None,
+                                             **opts)  # fmt: skip
+            else:
+                out = fn(*xs, lengths, lengths, **opts)
+            out.float().square().sum().backward()
+            (got if fn else want).extend([out.float(), *(x.grad.float() for x in xs)])
+        for a, b in zip(got, want, strict=True):
+            worst = max(worst, float(((a - b).abs().max() / b.abs().max()).detach()))
+    return worst
 
 
 HEADER = ["shape", "seqs", "tokens", "ms", "pred ms (h200)", "saved MiB", "pred saved",

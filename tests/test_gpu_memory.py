@@ -50,3 +50,31 @@ def test_bad_shape_is_refused_naming_the_option(tmp_path):
     proc = _run(tmp_path, "--shapes", "64,3y2")
     assert proc.returncode == 2
     assert "--shapes: '3y2' not allowed; allowed: LENGTH, LENGTHxCOUNT" in proc.stderr
+
+
+def test_the_kernel_check_catches_a_wrong_varlen_kernel():
+    """The GPU script's first stage compares varlen with the reference path; checked on CPU
+    with stand-ins: the reference itself in bf16 passes, a kernel that ignores causality
+    or the window does not."""
+    import importlib.util
+
+    from dcp_opt.runtime import attention as A
+
+    spec = importlib.util.spec_from_file_location("gpu_memory", SCRIPT)
+    gm = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_memory"] = gm  # its dataclasses look their module up
+    spec.loader.exec_module(gm)
+
+    def same(q, k, v, lengths, k_lengths, **opts):
+        return A._reference_attention(q, k, v, lengths, k_lengths, softcap=None, sinks=None, **opts)
+
+    def no_window(q, k, v, lengths, k_lengths, *, causal, scale, window):
+        return same(q, k, v, lengths, k_lengths, causal=causal, scale=scale, window=None)
+
+    def not_causal(q, k, v, lengths, k_lengths, *, causal, scale, window):
+        return same(q, k, v, lengths, k_lengths, causal=False, scale=scale, window=None)
+
+    assert gm.compare_kernels("cpu", same) < 3e-2
+    assert gm.compare_kernels("cpu", no_window) > 3e-2
+    assert gm.compare_kernels("cpu", not_causal) > 3e-2
+    assert gm.kernel_check("cpu") == (True, "kernel check: varlen not available here; skipped")
