@@ -15,9 +15,12 @@ overflow-first(j, w, f), T = f x the analytic bound's finish: sequences longest 
 at base degree j); each goes to the degree-j group that finishes it first (after its
 ranks' phase-0 load) if that meets T; else into an open phase-0 slot of degree w (the
 fullest whose ranks still meet T), else into a new slot, else wherever the latest finish
-grows least. Phase 1 (every rank, degree-j groups, each starting after its ranks' phase 0)
-is then re-assigned by the greedy's step 3 (greedy.rule_draft), so the draft's finish is
-exact up to packing. j: the degree of least packed work; w: every wider degree the whole
+grows least. In a slot, sequences that need no recompute at w share a micro-batch up to
+cap0[w] tokens (the per-micro-batch constant paid once: issue 13, five 432,000-token videos
+and three small sequences, 2d-long 2M on h200x32, 1.649 -> 1.569 s, the small ones packed
+with the fifth video at degree 32); the split prices phase 1 packed the same way.
+Phase 1 (every rank, degree-j groups, each starting after its ranks' phase 0) is then
+re-assigned by the greedy's step 3 (greedy.rule_draft), so the draft's finish is exact. j: the degree of least packed work; w: every wider degree the whole
 batch fits at; f: GRID. Every (w, f) is split (plain lists, a heap), and the KEEP of
 least estimated finish are drafted; long-then(j, f) (build_long_then) for f in GRID_LONG.
 Tried only where the best draft so far is more than
@@ -88,9 +91,16 @@ def build_long_then(inst: Instance, cluster, j: int, f: float):
         return None
     rank_load = np.zeros(inst.num_gpus)
     for s, jj, bins in d0.groups:
-        rank_load[s : s + deg[jj]] = sum(float(inst.time[idx, jj].sum()) for idx, _ in bins)
+        rank_load[s : s + deg[jj]] = sum(_bin_time(inst, idx, jj) for idx, _ in bins)
     base = [float(rank_load[s : s + deg[j]].max()) for s, _ in placed]
     return d0.groups, base, np.where(long, -1, j), placed
+
+
+def _bin_time(inst: Instance, idx: list, j: int) -> float:
+    """Seconds of one micro-batch at degree index j: its first sequence's time alone, and
+    the marginal time of each packed one (packed micro-batches need no recompute, where
+    time - marginal is the shared constant const[j]: dcp_opt/table.py _kind_table)."""
+    return float(inst.time[idx[0], j] + inst.marginal[idx[1:], j].sum())
 
 
 def rebuild(inst: Instance, cluster, how: tuple):
@@ -120,7 +130,7 @@ def _build(inst: Instance, cluster, j: int, w: int, f: float):
     phase0 = [(s, jw, b) for (s, jw), b in zip(slots, bins, strict=True) if b]
     over = np.zeros(len(inst.ids), dtype=bool)
     for b in bins:
-        over[[i for (i,), _ in b]] = True
+        over[[i for idx, _ in b for i in idx]] = True
     base = [load0[q] if q >= 0 else 0.0 for q in parent]
     return (phase0, base, np.where(over, -1, j), placed), est
 
@@ -132,50 +142,89 @@ def _split(inst: Instance, j: int, w: int, parent: list, n_slots: int, target: f
     wherever the latest finish grows least. Phase 1's loads only steer (rule_draft
     re-assigns). Plain lists and a heap of phase-1 finishes, rebuilt when phase 0 grows:
     this runs for every (w, f)."""
-    t_j, t_w = inst.time[:, j].tolist(), inst.time[:, w].tolist()
-    r_w = inst.r_min[:, w].tolist()
-    inf = float("inf")
+    t_j = inst.time[:, j].tolist()
     load0 = [0.0] * n_slots
     top1 = [0.0] * (n_slots + 1)  # busiest phase-1 load under each slot (last: no slot)
     load1 = [0.0] * len(parent)
     par = [q if q >= 0 else n_slots for q in parent]
-    kids: list[list[int]] = [[] for _ in range(n_slots + 1)]
-    for g, q in enumerate(par):
-        kids[q].append(g)
-    opened = [False] * n_slots
-    bins: list[list] = [[] for _ in range(n_slots)]
+    slots = _Slots(inst, w, n_slots)
+    groups1 = _Slots(inst, j, len(par))  # phase 1 packs too (greedy's step 4)
     heap = [(0.0, g) for g in range(len(par))]
     order = sorted(range(len(t_j)), key=lambda i: -t_j[i])
     for i in order:
-        tj, tw = t_j[i], t_w[i]
         fin1, g = heap[0]
+        tj = groups1.cost(i, g)
         if fin1 + tj <= target:
-            heapq.heapreplace(heap, (fin1 + tj, g))
-            load1[g] += tj
-            top1[par[g]] = max(top1[par[g]], load1[g])
-            continue
-        worst = [load0[q] + top1[q] + tw for q in range(n_slots)]
-        fit = [q for q in range(n_slots) if worst[q] <= target]
-        if tw == inf:
             q = -1
-        elif any(opened[q] for q in fit):
-            q = max((q for q in fit if opened[q]), key=lambda q: load0[q])
-        elif fit:
-            q = fit[0]
         else:
-            q = min(range(n_slots), key=worst.__getitem__)
-            if tj < inf and fin1 + tj <= worst[q]:
-                q = -1
+            add = [slots.cost(i, q) for q in range(n_slots)]  # packed: its marginal only
+            worst = [load0[q] + top1[q] + add[q] for q in range(n_slots)]
+            q = _slot_for(slots, worst, load0, target, fin1 + tj)
         if q < 0:
             heapq.heapreplace(heap, (fin1 + tj, g))
             load1[g] += tj
             top1[par[g]] = max(top1[par[g]], load1[g])
+            groups1.put(i, g)
             continue
-        load0[q] += tw
-        opened[q] = True
-        bins[q].append(([i], int(r_w[i])))
+        load0[q] += add[q]
+        slots.put(i, q)
         base = [*load0, 0.0]
         heap = [(base[par[g]] + load1[g], g) for g in range(len(par))]
         heapq.heapify(heap)
     latest0 = max((load0[q] + top1[q] for q in range(n_slots)), default=0.0)
-    return bins, load0, max(latest0, top1[n_slots])
+    return slots.bins, load0, max(latest0, top1[n_slots])
+
+
+def _slot_for(slots, worst: list, load0: list, target: float, fin1: float) -> int:
+    """The phase-0 slot of a sequence phase 1 cannot finish within T (`fin1`: its finish
+    there): the fullest open slot that meets T, else the first that does, else the one
+    whose latest finish grows least unless phase 1 finishes it no later; -1: phase 1."""
+    n_slots = len(worst)
+    fit = [q for q in range(n_slots) if worst[q] <= target]
+    if not worst or worst[0] == float("inf"):  # it fits no slot (same time in every one)
+        return -1
+    if any(slots.opened[q] for q in fit):
+        return max((q for q in fit if slots.opened[q]), key=lambda q: load0[q])
+    if fit:
+        return fit[0]
+    q = min(range(n_slots), key=worst.__getitem__)
+    return -1 if fin1 <= worst[q] else q
+
+
+class _Slots:
+    """Micro-batches of the groups of one degree (w: phase-0 slots; j: phase-1 groups, to
+    steer only). A sequence that needs no recompute at w joins its group's open
+    micro-batch (also recompute-free) while their tokens fit cap0[w]: the per-micro-batch
+    constant const[w] is paid once, so the group grows by the sequence's marginal time only
+    (greedy_steps.Instance; greedy's step 4, _Groups.one_by_one, packs by the same rule),
+    and the draft's finish stays exact (the cost is affine in the summed features:
+    dcp_opt/table.py _kind_table). Phase 1 is priced packed too, else phase 0 would look
+    cheaper than it is against it and take short sequences at an inefficient degree."""
+
+    def __init__(self, inst: Instance, w: int, n_slots: int):
+        self.t_w, self.r_w = inst.time[:, w].tolist(), inst.r_min[:, w].tolist()
+        self.tok = inst.tokens.tolist()
+        self.const, self.cap = float(inst.const[w]), float(inst.cap0[w])
+        self.opened = [False] * n_slots
+        self.bins: list[list] = [[] for _ in range(n_slots)]
+        self.open_tok = [-1.0] * n_slots  # tokens of the slot's open micro-batch; -1: none
+
+    def _packs(self, i: int, q: int) -> bool:
+        ot = self.open_tok[q]
+        return self.r_w[i] == 0 and ot >= 0 and ot + self.tok[i] <= self.cap
+
+    def cost(self, i: int, q: int) -> float:
+        """Seconds sequence i adds to slot q."""
+        return self.t_w[i] - self.const if self._packs(i, q) else self.t_w[i]
+
+    def put(self, i: int, q: int) -> None:
+        if self._packs(i, q):
+            self.bins[q][-1][0].append(i)
+            self.open_tok[q] += self.tok[i]
+        else:
+            r = int(self.r_w[i])
+            self.bins[q].append(([i], r))
+            # a micro-batch without recompute stays open for packing; one with recompute
+            # runs alone (greedy's step 4), and the next open one starts after it
+            self.open_tok[q] = self.tok[i] if r == 0 else -1.0
+        self.opened[q] = True
