@@ -32,6 +32,8 @@ from dcp_opt.bounds import lower_bound
 from dcp_opt.cost import CostModel
 from dcp_opt.table import seq_table
 
+from . import tree_bound
+
 BIG_K = (2, 3, 4)
 
 
@@ -48,6 +50,7 @@ class _Data:
     time: np.ndarray  # (n, D) alone, at the fastest speed; inf where it does not fit
     marg: np.ndarray  # (n, D) the same less every per-micro-batch constant
     c_min: float  # the smallest empty micro-batch time, at the fastest speed
+    const: np.ndarray  # (D,) the empty micro-batch time per degree, at the fastest speed
     work: np.ndarray  # (n, D) GPU-seconds lower bound
     deg: np.ndarray
     capacity: float  # sum of rank weights
@@ -74,6 +77,7 @@ def _data(batch: Batch, cost: CostModel) -> _Data:
         tab.time / top,
         tab.time_marginal / top,
         float(const.min()) / top,
+        const / top,
         work,
         deg,
         float(w.sum()),
@@ -246,9 +250,21 @@ def rank_bound(
     [0, c_k]); a class whose longest time is under `integer_share` x the LP bound is
     continuous (relaxing integrality only lowers the optimum). Sibling blocks of ranks that
     the placements treat alike are ordered by load (swap them in any plan: a symmetry of the
-    relaxation). HiGHS' dual bound holds at the time limit too; max with lp_bound."""
+    relaxation). HiGHS' dual bound holds at the time limit too; max with lp_bound.
+
+    Each group also carries its micro-batches' constants: at least one empty micro-batch
+    c_d if it holds any sequence (u_p = 1), and at least its members' shares of them
+    (z_p >= both); a rank's row sums z_p + the marginal times over the placements covering
+    it. Where the placements are the aligned blocks of a power-of-two world with equal
+    ranks, the program with every class integer is solved exactly in milliseconds by the
+    recursion of solvers/tree_bound.py (at least the MILP's value for any integer_share);
+    elsewhere HiGHS solves it."""
     lp = lp_bound(batch, cost, time_limit_s=min(0.3, time_limit_s))
     sync = cost.grad_sync_time()
+    tree = tree_solution(batch, cost)
+    if tree is not None:
+        value, n_cls = _tree_value(tree[0], sync), len(tree[1])
+        return RankBound(max(value, lp.value_s), lp.value_s, True, n_cls, n_cls, "rank-tree")
     res, integer, cls, _ = rank_milp(batch, cost, lp.value_s - sync, time_limit_s, integer_share)
     dual = getattr(res, "mip_dual_bound", None)
     finish = float(dual) if dual is not None and np.isfinite(dual) else 0.0
@@ -263,19 +279,41 @@ def rank_bound(
     )
 
 
+def tree_bound_s(batch: Batch, cost: CostModel) -> float | None:
+    """The rank relaxation's exact optimum plus the gradient sync, where the recursion of
+    solvers/tree_bound.py applies (milliseconds); else None."""
+    tree = tree_solution(batch, cost)
+    return None if tree is None else _tree_value(tree[0], cost.grad_sync_time())
+
+
+def _tree_value(sol, sync: float) -> float:
+    # the recursion sums the cost model's own terms: a margin for float rounding only
+    return sol.finish_s * (1 - 1e-9) + sync
+
+
+def tree_solution(batch: Batch, cost: CostModel, max_pairs: int = tree_bound.MAX_PAIRS):
+    """(solvers/tree_bound.TreeSolution, classes) of the all-integer relaxation, or None
+    where the recursion does not apply or the batch has too many distinct classes."""
+    if not tree_bound.applicable(cost):
+        return None
+    dat = _data(batch, cost)
+    cls = _classes(dat)
+    sol = tree_bound.solve(dat, cls, cost.cluster.num_gpus, max_pairs)
+    return None if sol is None else (sol, cls)
+
+
 def rank_milp(batch: Batch, cost: CostModel, t0: float, time_limit_s: float, integer_share: float):
     """The relaxation of rank_bound solved by HiGHS: (result, integer mask per class, classes,
     placements (degree index, degree, start)); result.x[k * P + p] members of class k at
-    placement p, the last entry T. `t0`: a finish bound, for `integer_share`."""
+    placement p (the first K * P entries), then u_p, z_p, and last T. `t0`: a finish bound,
+    for `integer_share`."""
     from scipy.optimize import Bounds, LinearConstraint, milp  # noqa: PLC0415
-    from scipy.sparse import lil_matrix  # noqa: PLC0415
 
     dat = _data(batch, cost)
     cls = _classes(dat)
     c = cost.cluster
     pos = [(j, int(d), s) for j, d in enumerate(dat.deg) for s in c.placements(int(d))]
-    n_gpus, k_n, p_n = c.num_gpus, len(cls), len(pos)
-    nv = k_n * p_n + 1
+    k_n, p_n = len(cls), len(pos)
     first = [m[0] for m in cls]
     m_kp = np.array([[dat.marg[i, j] for j, _, _ in pos] for i in first])  # (K, P)
     w_kp = np.array([[dat.work[i, j] for j, _, _ in pos] for i in first])
@@ -283,48 +321,88 @@ def rank_milp(batch: Batch, cost: CostModel, t0: float, time_limit_s: float, int
     m_kp, w_kp = np.where(ok, m_kp, 0.0), np.where(ok, w_kp, 0.0)
     count = np.array([len(m) for m in cls], dtype=float)
     integer = np.array([m_kp[k][ok[k]].max(initial=0.0) >= integer_share * t0 for k in range(k_n)])
-    cover = np.zeros((n_gpus, p_n))
+    cover = np.zeros((c.num_gpus, p_n))
     for p, (_, d, s) in enumerate(pos):
         cover[s : s + d, p] = 1.0
-    # per member of a group, its work over the degree (marginal time plus the least share
-    # of micro-batch constants it carries, lp_bound's work row) at the fastest speed
+    # per member of a group, the least share of micro-batch constants it carries (lp_bound's
+    # work row over the degree, less its marginal time) at the fastest speed
     top = float(np.maximum(np.asarray(c.speed_factors or (1.0,)), 1.0).max())
     deg_p = np.array([d for _, d, _ in pos], dtype=float)
-    s_kp = w_kp / deg_p[None, :] / top
-    sym = _sibling_pairs(pos, n_gpus)
-    a = lil_matrix((k_n + 2 * n_gpus + 1 + len(sym), nv))
-    lo, hi = np.zeros(a.shape[0]), np.zeros(a.shape[0])
-    for k in range(k_n):  # every member once
-        a[k, k * p_n : (k + 1) * p_n] = 1.0
-        lo[k] = hi[k] = count[k]
-    for r in range(n_gpus):  # each rank within T
-        a[k_n + r, : k_n * p_n] = (m_kp * cover[r][None, :]).ravel()
-        a[k_n + r, nv - 1] = -1.0
-        lo[k_n + r], hi[k_n + r] = -np.inf, -dat.c_min
-    for r in range(n_gpus):  # ... and by the shares instead of one constant
-        a[k_n + n_gpus + r, : k_n * p_n] = (s_kp * cover[r][None, :]).ravel()
-        a[k_n + n_gpus + r, nv - 1] = -1.0
-        lo[k_n + n_gpus + r], hi[k_n + n_gpus + r] = -np.inf, 0.0
-    row = k_n + 2 * n_gpus  # the work row
-    a[row, : k_n * p_n] = w_kp.ravel()
-    a[row, nv - 1] = -dat.capacity
-    lo[row], hi[row] = -np.inf, 0.0
-    for q, (left, right) in enumerate(sym):  # load(left block) >= load(right block)
+    share_kp = np.maximum(w_kp / deg_p[None, :] / top - m_kp, 0.0)
+    const_p = np.array([dat.const[j] for j, _, _ in pos])
+    rows = _RankRows(k_n, p_n)
+    for k in range(k_n):  # every member once; a member at p opens the group: u_p = 1
+        rows.add({rows.y(k, p): 1.0 for p in range(p_n)}, count[k], count[k])
+        for p in np.flatnonzero(ok[k]).tolist():
+            rows.add({rows.y(k, p): 1.0, rows.u(p): -count[k]}, -np.inf, 0.0)
+    for p in range(p_n):  # z_p: the constants of the group at p (module docstring)
+        rows.add({rows.z(p): 1.0, rows.u(p): -const_p[p]}, 0.0, np.inf)
+        terms = {rows.y(k, p): -share_kp[k, p] for k in range(k_n) if share_kp[k, p] > 0}
+        rows.add({rows.z(p): 1.0, **terms}, 0.0, np.inf)
+    for r in range(c.num_gpus):  # each rank within T
+        at = np.flatnonzero(cover[r]).tolist()
+        terms = {rows.y(k, p): m_kp[k, p] for p in at for k in range(k_n) if m_kp[k, p] > 0}
+        rows.add({**terms, **{rows.z(p): 1.0 for p in at}, rows.t: -1.0}, -np.inf, 0.0)
+    work = {rows.y(k, p): w_kp[k, p] for k in range(k_n) for p in range(p_n) if w_kp[k, p] > 0}
+    rows.add({**work, rows.t: -dat.capacity}, -np.inf, 0.0)
+    for left, right in _sibling_pairs(pos, c.num_gpus):  # load(left block) >= load(right)
         diff = cover[left].sum(axis=0) - cover[right].sum(axis=0)
-        a[row + 1 + q, : k_n * p_n] = (m_kp * diff[None, :]).ravel()
-        lo[row + 1 + q], hi[row + 1 + q] = 0.0, np.inf
-    ub = np.append(np.where(ok, count[:, None], 0.0).ravel(), np.inf)
-    integrality = np.append(np.repeat(integer, p_n), False).astype(int)
-    obj = np.zeros(nv)
-    obj[-1] = 1.0
+        terms = {rows.y(k, p): m_kp[k, p] * diff[p] for k in range(k_n) for p in range(p_n)}
+        rows.add({v: x for v, x in terms.items() if x != 0}, 0.0, np.inf)
+    ub = np.concatenate(
+        [np.where(ok, count[:, None], 0.0).ravel(), np.ones(p_n), [np.inf] * (p_n + 1)]
+    )
+    integrality = np.concatenate([np.repeat(integer, p_n), np.ones(p_n), np.zeros(p_n + 1)]).astype(
+        int
+    )
+    obj = np.zeros(rows.n)
+    obj[rows.t] = 1.0
     res = milp(
         obj,
-        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        constraints=LinearConstraint(rows.matrix(), rows.lo, rows.hi),
         integrality=integrality,
-        bounds=Bounds(np.zeros(nv), ub),
+        bounds=Bounds(np.zeros(rows.n), ub),
         options={"time_limit": max(time_limit_s, 0.01), "disp": False},
     )
     return res, integer, cls, pos
+
+
+class _RankRows:
+    """The rank relaxation's rows as sparse triplets; variables y (K x P), u (P), z (P), T."""
+
+    def __init__(self, k_n: int, p_n: int):
+        self.k_n, self.p_n = k_n, p_n
+        self.n = k_n * p_n + 2 * p_n + 1
+        self.t = self.n - 1
+        self.data: list[float] = []
+        self.cols: list[int] = []
+        self.rowi: list[int] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+
+    def y(self, k: int, p: int) -> int:
+        return k * self.p_n + p
+
+    def u(self, p: int) -> int:
+        return self.k_n * self.p_n + p
+
+    def z(self, p: int) -> int:
+        return self.k_n * self.p_n + self.p_n + p
+
+    def add(self, terms: dict, lo: float, hi: float) -> None:
+        row = len(self.lo)
+        for col, x in terms.items():
+            self.rowi.append(row)
+            self.cols.append(col)
+            self.data.append(float(x))
+        self.lo.append(lo)
+        self.hi.append(hi)
+
+    def matrix(self):
+        from scipy.sparse import csr_matrix  # noqa: PLC0415
+
+        shape = (len(self.lo), self.n)
+        return csr_matrix((self.data, (self.rowi, self.cols)), shape=shape)
 
 
 def _classes(dat: _Data) -> list[list[int]]:

@@ -23,29 +23,23 @@ from dcp_opt.result import PlanResult
 from dcp_opt.validate import InvalidPlanError
 
 from .common import finish
-from .lp_bound import lp_bound, rank_milp
+from .lp_bound import lp_bound, rank_milp, tree_solution
 
 
 def rank_plan(batch: Batch, cost: CostModel, *, time_limit_s: float = 10.0) -> PlanResult | None:
-    """The relaxation's best solution within `time_limit_s` as a plan; None if HiGHS found
-    none or it is not a valid plan (a sequence that fits the relaxation's best-capacity
-    placement but not this one's memory)."""
+    """The relaxation's best solution within `time_limit_s` as a plan (exact and in
+    milliseconds where solvers/tree_bound.py applies); None if HiGHS found none or it is
+    not a valid plan (a sequence that fits the relaxation's best-capacity placement but not
+    this one's memory)."""
     started = time.perf_counter()
-    sync = cost.grad_sync_time()
-    t0 = lp_bound(batch, cost, time_limit_s=0.3).value_s - sync
-    res, _, cls, pos = rank_milp(batch, cost, t0, time_limit_s, 0.0)
-    if res.x is None:
+    nodes = _tree_nodes(batch, cost)
+    if nodes is None:
+        nodes = _milp_nodes(batch, cost, time_limit_s)
+    if nodes is None:
         return None
-    y = np.rint(res.x[:-1]).reshape(len(cls), len(pos)).astype(int)
-    members: dict[int, list[int]] = {}
-    for k, seqs in enumerate(cls):
-        left = iter(seqs)
-        for p in np.flatnonzero(y[k]).tolist():
-            members.setdefault(p, []).extend(next(left) for _ in range(y[k, p]))
     by_degree: dict[int, list[Group]] = {}
-    for p, idx in members.items():
-        _, d, start = pos[p]
-        group = _group(batch, cost, idx, d, start)
+    for start, d, idx in nodes:
+        group = _group(batch, cost, list(idx), d, start)
         if group is None:
             return None
         by_degree.setdefault(d, []).append(group)
@@ -54,6 +48,27 @@ def rank_plan(batch: Batch, cost: CostModel, *, time_limit_s: float = 10.0) -> P
         return finish(phases, batch, cost, planner="rank-plan", started=started)
     except InvalidPlanError:
         return None
+
+
+def _tree_nodes(batch: Batch, cost: CostModel):
+    tree = tree_solution(batch, cost)
+    return None if tree is None else list(tree[0].groups)
+
+
+def _milp_nodes(batch: Batch, cost: CostModel, time_limit_s: float):
+    """(start, degree, sequence indices) of the MILP's best solution, or None."""
+    sync = cost.grad_sync_time()
+    t0 = lp_bound(batch, cost, time_limit_s=0.3).value_s - sync
+    res, _, cls, pos = rank_milp(batch, cost, t0, time_limit_s, 0.0)
+    if res.x is None:
+        return None
+    y = np.rint(res.x[: len(cls) * len(pos)]).reshape(len(cls), len(pos)).astype(int)
+    members: dict[int, list[int]] = {}
+    for k, seqs in enumerate(cls):
+        left = iter(seqs)
+        for p in np.flatnonzero(y[k]).tolist():
+            members.setdefault(p, []).extend(next(left) for _ in range(y[k, p]))
+    return [(pos[p][2], pos[p][1], tuple(idx)) for p, idx in members.items()]
 
 
 def _group(batch: Batch, cost: CostModel, idx: list[int], d: int, start: int) -> Group | None:

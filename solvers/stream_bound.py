@@ -5,8 +5,11 @@ An epoch's time is the sum of its steps' times (each step ends with its gradient
 cost model has no other per-step fixed cost: CostModel.grad_sync_time is the only one).
 
 max_shift = 0 (the steps are fixed): the sum over steps of the per-step certified bound,
-max(dcp_opt.bounds.lower_bound, solvers.lp_bound.lp_bound) of each step. Each is a bound on
-any plan of that step (their own docstrings), so the sum bounds any plans of the steps.
+max(dcp_opt.bounds.lower_bound, solvers.lp_bound.lp_bound, the rank relaxation's exact
+optimum where solvers/tree_bound.py solves it in milliseconds: few distinct sequences on a
+power-of-two cluster, e.g. 2d-long's 2M-token steps of 5-11 videos) of each step. Each is
+a bound on any plan of that step (their own docstrings), so the sum bounds any plans of
+the steps.
 
 max_shift > 0 (a step former may move samples between steps, keeping the number of steps:
 solvers/step_former.py guarantees it): a bound for every assignment of the same sequences
@@ -37,7 +40,7 @@ from dcp_opt.cost import CostModel
 from dcp_opt.errors import require
 from dcp_opt.table import seq_table
 
-from .lp_bound import _data, lp_bound
+from .lp_bound import _data, lp_bound, tree_bound_s
 
 
 def stream_lower_bound(
@@ -76,7 +79,8 @@ def _check(steps, cost, max_shift, lp_time_limit_s) -> None:
 def _step_bound(batch: Batch, cost: CostModel, lp_time_limit_s: float) -> float:
     ana = lower_bound(batch, cost).value_s
     lp = lp_bound(batch, cost, time_limit_s=lp_time_limit_s).value_s
-    return max(ana, lp)
+    tree = tree_bound_s(batch, cost) if lp_time_limit_s > 0 else None
+    return max(ana, lp, tree or 0.0)
 
 
 def _movable_bound(steps: list[Batch], cost: CostModel) -> float:

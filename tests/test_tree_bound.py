@@ -1,0 +1,126 @@
+"""The rank relaxation solved by recursion over the buddy tree (solvers/tree_bound.py): the
+same optimum as HiGHS on the same program with every class integer, an assignment that
+reaches its value, a bound below every valid plan and the exhaustive optimum, and a hand
+example.
+
+Toy arithmetic (tests/toy.py): T tokens at degree 1 take 6T + 0.5 seconds (0.5 the
+micro-batch constant), memory 9 + 30T bytes at no recompute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from dcp_opt.solvers import tree_bound
+from dcp_opt.solvers.lp_bound import _data, lp_bound, rank_bound, rank_milp, tree_solution
+from dcp_opt.solvers.rank_plan import rank_plan
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from dcp_opt import Batch, simulate, validate
+from tests import strategies as hs
+from tests.brute_force import brute_force
+from tests.toy import toy_cost
+
+REL = 1e-9
+
+
+def test_granularity_by_hand():
+    # 4 GPUs at degree 1, 400 bytes: four 4s and a 3 take 24.5 and 18.5 s alone. Some rank
+    # holds two of them, at best a 4 and the 3 packed (7 tokens: 219 bytes fit), 6 * 7 +
+    # 0.5 = 42.5; the work bound is (4 * 24 + 18) / 4 + 0.5 = 29.
+    cost = toy_cost(1, 4, 400.0, degrees=(1,))
+    batch = Batch.from_lengths([4, 4, 4, 4, 3])
+    assert tree_bound.applicable(cost)
+    sol, cls = tree_solution(batch, cost)
+    assert sol.finish_s == pytest.approx(42.5, rel=REL)
+    assert len(cls) == 2 and len(sol.groups) == 4
+    rb = rank_bound(batch, cost)
+    assert rb.source == "rank-tree" and rb.value_s == pytest.approx(42.5, rel=1e-8)
+    t, _ = brute_force(batch, cost)
+    assert t == pytest.approx(42.5, rel=REL) and rb.value_s <= t
+    assert lp_bound(batch, cost).value_s < 42.5 - 1
+
+
+def test_not_applicable_where_placements_are_not_the_buddy_blocks():
+    assert not tree_bound.applicable(toy_cost(1, 3, 400.0, degrees=(1,)))  # 3 ranks
+    mixed = toy_cost(1, 4, 400.0, speed_factors=(1.0, 1.0, 2.0, 1.0))
+    assert not tree_bound.applicable(mixed)
+    assert tree_bound.applicable(toy_cost(1, 4, 400.0))
+
+
+def _path_loads(batch, cost, groups) -> np.ndarray:
+    """Each rank's load in the relaxation, summed from an assignment's groups."""
+    dat = _data(batch, cost)
+    load = np.zeros(cost.cluster.num_gpus)
+    for start, d, idx in groups:
+        j = int(np.flatnonzero(dat.deg == d)[0])
+        idx = list(idx)
+        share = np.maximum(dat.work[idx, j] / d - dat.marg[idx, j], 0.0).sum()
+        load[start : start + d] += dat.marg[idx, j].sum() + max(dat.const[j], share)
+    return load
+
+
+def _applicable_instance(data, max_seqs: int = 7):
+    inst = data.draw(hs.instances(max_gpus=16, max_seqs=max_seqs, mixed=False))
+    assume(tree_bound.applicable(inst.cost))
+    return inst
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 2), deadline=None)
+@given(data=st.data())
+def test_the_recursion_equals_highs_on_the_same_program(data):
+    inst = _applicable_instance(data)
+    tree = tree_solution(inst.batch, inst.cost)
+    assume(tree is not None)
+    sol, _ = tree
+    res, *_ = rank_milp(inst.batch, inst.cost, 1.0, 10.0, integer_share=0.0)
+    assume(res.status == 0)  # proven optimal within the limit
+    assert sol.finish_s == pytest.approx(res.fun, rel=1e-6, abs=1e-9)
+    # the assignment covers every sequence once and reaches the value
+    placed = sorted(i for _, _, idx in sol.groups for i in idx)
+    assert placed == list(range(len(inst.batch)))
+    assert _path_loads(inst.batch, inst.cost, sol.groups).max() == pytest.approx(
+        sol.finish_s, rel=1e-9, abs=1e-12
+    )
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 2), deadline=None)
+@given(data=st.data(), dense=st.booleans())
+def test_the_tree_bound_is_below_any_valid_plan(data, dense):
+    inst = _applicable_instance(data, max_seqs=12)
+    plan = data.draw(hs.valid_plans(inst, dense=dense))
+    sim = simulate(plan, inst.batch, inst.cost)
+    rb = rank_bound(inst.batch, inst.cost, time_limit_s=0.3)
+    assert sim.step_time_s >= rb.value_s * (1 - REL), (sim.step_time_s, rb)
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=st.data())
+def test_the_tree_plan_is_valid_and_above_the_bound(data):
+    inst = _applicable_instance(data, max_seqs=8)
+    res = rank_plan(inst.batch, inst.cost, time_limit_s=2.0)
+    if res is not None:
+        assert validate(res.plan, inst.batch, inst.cost) == []
+        bound = rank_bound(inst.batch, inst.cost).value_s
+        assert res.predicted_step_time_s >= bound * (1 - REL)
+
+
+@settings(max_examples=max(10, settings.default.max_examples // 2), deadline=None)
+@given(data=st.data())
+def test_the_tree_bound_is_below_the_exhaustive_optimum(data):
+    n = data.draw(st.sampled_from([2, 4]))
+    cost = toy_cost(1, n, 400.0)
+    batch = data.draw(hs.batches_for(cost, max_seqs=4, tiny_ok=False))
+    t, plan = brute_force(batch, cost)
+    assert validate(plan, batch, cost) == []
+    assert rank_bound(batch, cost).value_s <= t * (1 + REL)
+
+
+def test_many_distinct_sequences_fall_back_without_building_the_tables():
+    # 64 distinct lengths: 3^64 pairs a level, far above MAX_PAIRS (a count that overflows
+    # 64-bit integers, so the guard must use exact ones)
+    cost = toy_cost(1, 4, 1e6)
+    batch = Batch.from_lengths(list(range(1, 65)))
+    assert tree_solution(batch, cost) is None
+    assert rank_bound(batch, cost, time_limit_s=0.2).source == "rank-milp"
