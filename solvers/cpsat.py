@@ -58,7 +58,9 @@ and the LP bound runs only while time is left.
 
 Anytime and safe: the greedy runs first; its plan is the hint and the fallback, and the best
 of it and any `incumbents` (other planners' plans) is returned unless CP-SAT finds better,
-so the result is never slower than them by construction. Solver exceptions, a timeout
+so the result is never slower than them by construction. Where solvers/tree_bound.py
+solves the rank relaxation in milliseconds, its plan (several phases, widest groups first:
+outside the one-phase model) competes too (solvers/rank_plan.py tree_candidate). Solver exceptions, a timeout
 without a solution and a plan that fails validate() return that incumbent with status
 "fallback" (logged: INFO when the budget ran out first, WARNING for a fault). The lower
 bound is the tightest of the analytic bound and the packing-aware LP (solvers/lp_bound.py);
@@ -104,6 +106,7 @@ from .greedy import (
 )
 from .kinds import best_with_kinds
 from .lp_bound import lp_bound
+from .rank_plan import tree_candidate
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +217,8 @@ def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
             result = finish(
                 phases, batch, cost, planner="cpsat", started=clock.started, status=status
             )
+    with clock.stage("tree"):  # several phases of widest-first groups: outside the model
+        result = tree_candidate(result, batch, cost, clock.started)
     if incumbents:
         with clock.stage("incumbents"):
             result = _best_of(result, incumbents, batch, cost)

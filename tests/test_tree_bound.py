@@ -124,3 +124,42 @@ def test_many_distinct_sequences_fall_back_without_building_the_tables():
     batch = Batch.from_lengths(list(range(1, 65)))
     assert tree_solution(batch, cost) is None
     assert rank_bound(batch, cost, time_limit_s=0.2).source == "rank-milp"
+
+
+def _long_step():
+    """2d-long's first kind of 2M-token step (h200x32, opensora-stdit3-xl): five videos of
+    432,000 tokens and three short ones."""
+    from dcp_opt import CostModel, Sequence
+    from dcp_opt.inputs import load_cluster
+    from dcp_opt.model import model_preset
+
+    cost = CostModel(model_preset("opensora-stdit3-xl"), load_cluster("h200x32"))
+    shapes = [(120, 45, 80)] * 5 + [(60, 30, 54), (15, 23, 40), (1, 15, 27)]
+    return Batch(tuple(Sequence(i, s) for i, s in enumerate(shapes))), cost
+
+
+def test_tree_candidate_replaces_a_slower_plan_and_keeps_a_close_one():
+    from dcp_opt.solvers import run_planner
+    from dcp_opt.solvers.rank_plan import CANDIDATE_MIN_GAP, tree_candidate
+
+    batch, cost = _long_step()
+    slow = run_planner("bucket", batch, cost)
+    best = rank_plan(batch, cost)
+    assert best.predicted_step_time_s < slow.predicted_step_time_s
+    got = tree_candidate(slow, batch, cost, 0.0)
+    assert validate(got.plan, batch, cost) == []
+    assert got.predicted_step_time_s == best.predicted_step_time_s
+    assert got.planner == slow.planner and got.stats["candidate"] == ["rank-tree"]
+    # a plan within CANDIDATE_MIN_GAP of its bound is kept as it is
+    close = type(slow)(**{**slow.__dict__, "lower_bound_s": slow.predicted_step_time_s})
+    assert tree_candidate(close, batch, cost, 0.0) is close
+    assert CANDIDATE_MIN_GAP < 0.05
+
+
+def test_the_planners_are_never_slower_than_the_tree_plan():
+    from dcp_opt.solvers import run_planner
+
+    batch, cost = _long_step()
+    best = rank_plan(batch, cost).predicted_step_time_s
+    assert run_planner("cpsat", batch, cost, time_limit_s=0.1).predicted_step_time_s <= best
+    assert run_planner("greedy", batch, cost).predicted_step_time_s <= best
