@@ -115,7 +115,8 @@ ROW_KEYS = {
     "workload", "method", "family", "planner", "drop_last", "step_former", "target_tokens",
     "num_steps", "trained_tokens", "dropped_tokens", "dropped_share", "epoch_time_s",
     "tokens_per_s", "step_tokens", "step_time_s", "planning_s", "planning_ms_per_step",
-    "bound_s", "gap_to_bound", "speedup_vs_bucket", "speedup_vs_pac", "sp_kinds",
+    "bound_s", "gap_to_bound", "steps_bound_s", "gap_to_steps_bound", "speedup_vs_bucket",
+    "speedup_vs_pac", "sp_kinds",
 }  # fmt: skip
 
 
@@ -138,6 +139,11 @@ def test_cli_quick_json(tmp_path):
         assert r["trained_tokens"] + r["dropped_tokens"] == doc["epochs"][0]["num_tokens"]
         if not r["drop_last"]:
             assert r["dropped_tokens"] == 0
+        # no plan of a row's own steps beats their bound; data-order steps: the same bound
+        assert r["epoch_time_s"] >= r["steps_bound_s"] * (1 - 1e-9)
+        if not r["step_former"]:
+            assert r["steps_bound_s"] == r["bound_s"]
+    assert any(r["step_former"] and r["steps_bound_s"] != r["bound_s"] for r in doc["methods"])
     bucket = next(r for r in doc["methods"] if r["method"] == "bucket")
     assert bucket["speedup_vs_bucket"] == pytest.approx(1.0)
     assert doc["fidelity"] == []  # the paper has no 1D figures

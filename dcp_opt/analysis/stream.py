@@ -43,7 +43,10 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
         dropped_tokens, dropped_share, epoch_time_s, tokens_per_s,
         step_tokens {median, p10, p90}, step_time_s {median, p10, p90},
         planning_s (all steps), planning_ms_per_step (median), bound_s, gap_to_bound
-        (epoch time / stream lower bound - 1; null when a published sampler forms no step),
+        (epoch time / stream lower bound - 1; null when a published sampler forms no step;
+        for +former rows the bound of any reassignment of the samples to as many steps),
+        steps_bound_s, gap_to_steps_bound (the bound of the row's own steps as fixed: for
+        +former rows the steps it formed, elsewhere bound_s itself),
         speedup_vs_bucket, speedup_vs_pac (tokens/s over published bucket / dcp_inter_pac,
         drop_last)
     matched     per workload and published median step size (of bucket and of PAC): the

@@ -52,6 +52,8 @@ def method_row(workload: str, method: str, run, epoch, **labels) -> dict:
         and 1e3 * _pcts(run.planning_s)["median"],
         "bound_s": run.bound_s,
         "gap_to_bound": None if not run.bound_s else total / run.bound_s - 1,
+        "steps_bound_s": run.steps_bound_s,
+        "gap_to_steps_bound": None if not run.steps_bound_s else total / run.steps_bound_s - 1,
     }
 
 

@@ -30,6 +30,9 @@ class EpochRun:
     dropped: list[int]
     planning_s: list[float]
     bound_s: float | None = None
+    # the bound of these very steps as fixed (max_shift 0): bound_s itself unless samples
+    # could move (the step former's rows), where bound_s holds for any reassignment
+    steps_bound_s: float | None = None
 
 
 def _sub_batch(epoch: Batch, ids) -> Batch:
@@ -95,7 +98,7 @@ def run_published(epoch, cost, method, *, seed, drop_last, memory_cap, **kw) -> 
     times = time_published_steps(epoch, cost, pub.steps)
     per = pub.planning_s / max(len(steps), 1)
     bound = _bound(StepCache(epoch, cost), steps, 0, lp=False)
-    return EpochRun(steps, times, pub.dropped, [per] * len(steps), bound)
+    return EpochRun(steps, times, pub.dropped, [per] * len(steps), bound, bound)
 
 
 def run_fixed(
@@ -123,7 +126,8 @@ def run_fixed(
         walls.append(wall)
     if bound == "compute":
         bound = _bound(cache, steps, max_shift)
-    return EpochRun(steps, times, [], walls, bound)
+    own = bound if max_shift == 0 else _bound(cache, steps, 0)
+    return EpochRun(steps, times, [], walls, bound, own)
 
 
 def _bound(cache: StepCache, steps, max_shift, lp: bool = True) -> float | None:
