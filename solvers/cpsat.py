@@ -58,12 +58,14 @@ and the LP bound runs only while time is left.
 
 Anytime and safe: the greedy runs first; its plan is the hint and the fallback, and the best
 of it and any `incumbents` (other planners' plans) is returned unless CP-SAT finds better,
-so the result is never slower than them by construction. Where solvers/tree_bound.py
-solves the rank relaxation in milliseconds, its plan (several phases, widest groups first:
-outside the one-phase model) competes too (solvers/rank_plan.py tree_candidate). Solver exceptions, a timeout
-without a solution and a plan that fails validate() return that incumbent with status
-"fallback" (logged: INFO when the budget ran out first, WARNING for a fault). The lower
-bound is the tightest of the analytic bound and the packing-aware LP (solvers/lp_bound.py);
+so the result is never slower than them by construction. Where solvers/tree_bound.py solves
+the rank relaxation in milliseconds, its plan (several phases, widest groups first: outside
+the one-phase model) competes too (solvers/rank_plan.py tree_candidate). Solver exceptions,
+a timeout without a solution and a plan that fails validate() return that incumbent with
+status "fallback" (logged: INFO when the budget ran out first, WARNING for a fault). The
+lower bound is the tightest of the analytic bound, the packing-aware LP (solvers/lp_bound.py)
+and, where solvers/tree_bound.py applies, the rank relaxation's exact optimum
+(stats["rank_bound_s"]).
 CP-SAT's own objective bound (stats["model_bound_s"]) holds within the model only (classes
 stand for their members by the mean; exact on the exact model up to the rounding of its
 integer units), so it is reported but not certified. Status "optimal" (exact model, CP-SAT's
@@ -105,8 +107,8 @@ from .greedy import (
     to_phases,
 )
 from .kinds import best_with_kinds
-from .lp_bound import lp_bound
-from .rank_plan import tree_candidate
+from .lp_bound import lp_bound, tree_bound_s
+from .rank_plan import CANDIDATE_PAIRS, tree_candidate
 
 log = logging.getLogger(__name__)
 
@@ -229,11 +231,12 @@ def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
             result = best_with_kinds([result, greedy], batch, cost, started=clock.started)
     with clock.stage("lp_bound"):
         lp_s = _lp(batch, cost, result.predicted_step_time_s, clock)
-    stats.update(lp_bound_s=lp_s, analytic_bound_s=result.lower_bound_s)
+        tree_s = tree_bound_s(batch, cost, CANDIDATE_PAIRS)  # ms; None: does not apply
+    stats.update(lp_bound_s=lp_s, rank_bound_s=tree_s, analytic_bound_s=result.lower_bound_s)
     stats.update(stage_s=clock.stage_s, stage_cpu_s=clock.stage_cpu_s)
     return replace(
         result,
-        lower_bound_s=max(result.lower_bound_s, lp_s or 0.0),
+        lower_bound_s=max(result.lower_bound_s, lp_s or 0.0, tree_s or 0.0),
         message=result.message or message,
         stats={**result.stats, **stats},
         wall_time_s=time.perf_counter() - clock.started,

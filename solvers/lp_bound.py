@@ -279,10 +279,13 @@ def rank_bound(
     )
 
 
-def tree_bound_s(batch: Batch, cost: CostModel) -> float | None:
+def tree_bound_s(
+    batch: Batch, cost: CostModel, max_pairs: int = tree_bound.MAX_PAIRS
+) -> float | None:
     """The rank relaxation's exact optimum plus the gradient sync, where the recursion of
-    solvers/tree_bound.py applies (milliseconds); else None."""
-    tree = tree_solution(batch, cost)
+    solvers/tree_bound.py applies within `max_pairs` pairs a level (milliseconds); else
+    None."""
+    tree = tree_solution(batch, cost, max_pairs)
     return None if tree is None else _tree_value(tree[0], cost.grad_sync_time())
 
 
