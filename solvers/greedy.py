@@ -441,10 +441,12 @@ def _level_stage(inst: Instance, cluster, kept: _Kept) -> None:
     """Overflow-first candidates (solvers/greedy_level.py) where the best is far from the
     bound: a coarse packing levelled by running what does not fit first, wide."""
     for k, (how, build) in enumerate(greedy_level.specs(inst, cluster, kept.best)):
-        spec = build()
+        spec = build()  # a spec for rule_draft, or the split's own draft
         if spec is not None:
             rank = (2.7, k)
-            kept.keep(rule_draft(inst, cluster, spec, cutoff=kept.cutoff(rank)), how, rank)
+            if not isinstance(spec, Draft):
+                spec = rule_draft(inst, cluster, spec, cutoff=kept.cutoff(rank))
+            kept.keep(spec, how, rank)
 
 
 def rule_draft(inst: Instance, cluster, spec, *, cutoff: float = np.inf) -> Draft | None:
@@ -466,7 +468,9 @@ def replay(inst: Instance, cluster, how: tuple) -> Draft | None:
         return None if rule is None else rule_draft(inst, cluster, rule[2]())
     if how[0] in ("overflow-first", "long-then"):
         spec = greedy_level.rebuild(inst, cluster, how)
-        return None if spec is None else rule_draft(inst, cluster, spec)
+        if spec is None or isinstance(spec, Draft):
+            return spec
+        return rule_draft(inst, cluster, spec)
     if how[0] == "uniform":
         return uniform_draft(inst, cluster, how[1])
     if how[0] == "target":

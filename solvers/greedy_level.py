@@ -20,9 +20,11 @@ cap0[w] tokens (the per-micro-batch constant paid once: issue 13, five 432,000-t
 and three small sequences, 2d-long 2M on h200x32, 1.649 -> 1.569 s, the small ones packed
 with the fifth video at degree 32); the split prices phase 1 packed the same way.
 Phase 1 (every rank, degree-j groups, each starting after its ranks' phase 0) is then
-re-assigned by the greedy's step 3 (greedy.rule_draft), so the draft's finish is exact. j: the degree of least packed work; w: every wider degree the whole
-batch fits at; f: GRID. Every (w, f) is split (plain lists, a heap), and the KEEP of
-least estimated finish are drafted; long-then(j, f) (build_long_then) for f in GRID_LONG.
+re-assigned by the greedy's step 3 (greedy.rule_draft), and also kept as the split
+assigned it (_build); both drafts' finishes are exact. j: the degree of least packed work;
+w: every wider degree the whole batch fits at; f: GRID. Every (w, f) is split (plain
+lists, heaps), and the KEEP of least estimated finish (distinct phase 0s) are drafted;
+long-then(j, f) (build_long_then) for f in GRID_LONG.
 Tried only where the best draft so far is more than
 MIN_GAP above the bound (elsewhere it can gain little) and on at most MAX_SEQS sequences:
 +10-40 ms of CPU on the issue's h200x32 batches (73 and 306 sequences, 2-core shared dev
@@ -35,7 +37,7 @@ import heapq
 
 import numpy as np
 
-from .greedy_steps import Instance, layout, place, preferred_degrees
+from .greedy_steps import Draft, Instance, layout, place, preferred_degrees
 
 GRID = (1.0, 1.03, 1.06, 1.1)
 MIN_GAP = 0.02
@@ -53,15 +55,23 @@ def specs(inst: Instance, cluster, best: float) -> list[tuple[tuple, object]]:
     work = np.where(np.isfinite(inst.marginal), inst.marginal, np.inf) * inst.degrees
     usable = np.flatnonzero(inst.usable).tolist()
     j = min(usable, key=lambda k: float(np.where(np.isfinite(work[:, k]), work[:, k], 0).sum()))
-    scored = []
+    scored, seen = [], set()
     for w in usable:
         if inst.degrees[w] <= inst.degrees[j] or not np.isfinite(inst.time[:, w]).all():
             continue
         for f in GRID:
-            spec, est = _build(inst, cluster, j, w, f)  # est steers only: rule_draft re-assigns
-            scored.append((est, ("overflow-first", j, w, f), spec))
+            spec, est, own = _build(inst, cluster, j, w, f)
+            scored.append((est, ("overflow-first", j, w, f), spec, own))
     scored.sort(key=lambda x: x[0])
-    out = [(how, lambda spec=spec: spec) for _, how, spec in scored[:KEEP]]
+    out = []
+    for est, how, spec, own in scored:
+        key = _key(spec[0])  # several (w, f) often split alike: KEEP distinct ones
+        if len(seen) == KEEP or key in seen:
+            continue
+        seen.add(key)
+        out.append((how, lambda spec=spec: spec))
+        if cluster.homogeneous and np.isfinite(est):
+            out.append(((*how, "split"), lambda own=own: own))
     for f in GRID_LONG:
         how = ("long-then", j, f)
         out.append((how, lambda f=f: build_long_then(inst, cluster, j, f)))
@@ -104,9 +114,12 @@ def _bin_time(inst: Instance, idx: list, j: int) -> float:
 
 
 def rebuild(inst: Instance, cluster, how: tuple):
-    """The spec of candidate `how` (a Draft.how of this module) on `inst` (greedy.replay)."""
+    """The spec of candidate `how` (a Draft.how of this module) on `inst` (greedy.replay),
+    or the split's own draft for an ("overflow-first", ..., "split") one."""
     if how[0] == "long-then":
         return build_long_then(inst, cluster, *how[1:])
+    if how[-1] == "split":
+        return _build(inst, cluster, *how[1:-1])[2] if cluster.homogeneous else None
     return build(inst, cluster, *how[1:])
 
 
@@ -116,8 +129,17 @@ def build(inst: Instance, cluster, j: int, w: int, f: float):
     return _build(inst, cluster, j, w, f)[0]
 
 
+def _key(phase0: list) -> tuple:
+    return tuple((s, jw, tuple((tuple(idx), r) for idx, r in b)) for s, jw, b in phase0)
+
+
 def _build(inst: Instance, cluster, j: int, w: int, f: float):
-    """build()'s spec and the split's estimate of its finish."""
+    """build()'s spec, the split's finish, and the split's own draft: its phase-1
+    assignment kept, where greedy.rule_draft re-assigns phase 1 longest first. The split
+    fills each group up to T (the fullest that meets it), which LPT does not: 2d-long 2M
+    step 180 (three 432,000-token videos, four mid-size ones) 1.423 -> 1.350 s with a
+    mid-size one first at degree 16 under two of the videos. Its finish is exact where
+    every group runs at full speed with the same memory (cluster.homogeneous)."""
     deg = inst.degrees.tolist()
     slots = place([w] * (inst.num_gpus // deg[w]), inst, cluster)
     placed = place([j] * (inst.num_gpus // deg[j]), inst, cluster)
@@ -126,68 +148,78 @@ def _build(inst: Instance, cluster, j: int, w: int, f: float):
     for q, (s, _) in enumerate(slots):
         rank_slot[s : s + deg[w]] = [q] * deg[w]
     parent = [rank_slot[s] for s, _ in placed]
-    bins, load0, est = _split(inst, j, w, parent, len(slots), inst.finish_lb * f)
+    bins, load0, est, bins1 = _split(inst, j, w, parent, len(slots), inst.finish_lb * f)
     phase0 = [(s, jw, b) for (s, jw), b in zip(slots, bins, strict=True) if b]
     over = np.zeros(len(inst.ids), dtype=bool)
     for b in bins:
         over[[i for idx, _ in b for i in idx]] = True
     base = [load0[q] if q >= 0 else 0.0 for q in parent]
-    return (phase0, base, np.where(over, -1, j), placed), est
+    groups = [(s, jj, b) for (s, jj), b in zip(placed, bins1, strict=True) if b]
+    own = Draft(phase0, groups, est)
+    return (phase0, base, np.where(over, -1, j), placed), est, own
 
 
 def _split(inst: Instance, j: int, w: int, parent: list, n_slots: int, target: float):
     """Phase-0 bins per slot, slot loads and the latest finish (module docstring): longest
     first at j, each sequence to the phase-1 group that finishes it first if that meets T,
     else into an open phase-0 slot (the fullest that meets T), else into a new slot, else
-    wherever the latest finish grows least. Phase 1's loads only steer (rule_draft
-    re-assigns). Plain lists and a heap of phase-1 finishes, rebuilt when phase 0 grows:
+    wherever the latest finish grows least. Phase 1's assignment is the split's own draft
+    (_build) and steers rule_draft's. Plain lists and a heap of phase-1 loads per slot:
     this runs for every (w, f)."""
     t_j = inst.time[:, j].tolist()
-    load0 = [0.0] * n_slots
+    load0 = [0.0] * (n_slots + 1)  # per slot; last: ranks under no slot (stays 0)
     top1 = [0.0] * (n_slots + 1)  # busiest phase-1 load under each slot (last: no slot)
     load1 = [0.0] * len(parent)
     par = [q if q >= 0 else n_slots for q in parent]
     slots = _Slots(inst, w, n_slots)
     groups1 = _Slots(inst, j, len(par))  # phase 1 packs too (greedy's step 4)
-    heap = [(0.0, g) for g in range(len(par))]
+    # a heap of phase-1 loads per slot (phase 0 growing shifts all of a slot's groups) and
+    # each slot's earliest phase-1 finish, (finish, group, slot): min() is the earliest
+    heaps: list[list] = [[] for _ in range(n_slots + 1)]
+    for g, q in enumerate(par):
+        heaps[q].append((0.0, g))  # in g order: already a heap
+    first = [(h[0][0], h[0][1], q) if h else (np.inf, -1, q) for q, h in enumerate(heaps)]
     order = sorted(range(len(t_j)), key=lambda i: -t_j[i])
     for i in order:
-        fin1, g = heap[0]
+        fin1, g, p = min(first)
         tj = groups1.cost(i, g)
         if fin1 + tj <= target:
             q = -1
         else:
-            add = [slots.cost(i, q) for q in range(n_slots)]  # packed: its marginal only
-            worst = [load0[q] + top1[q] + add[q] for q in range(n_slots)]
-            q = _slot_for(slots, worst, load0, target, fin1 + tj)
+            add = slots.costs(i)  # packed: its marginal time only
+            worst = [a + b + c for a, b, c in zip(load0, top1, add, strict=False)]
+            q = _slot_for(slots.opened, worst, load0, target, fin1 + tj)
         if q < 0:
-            heapq.heapreplace(heap, (fin1 + tj, g))
             load1[g] += tj
-            top1[par[g]] = max(top1[par[g]], load1[g])
+            heapq.heapreplace(heaps[p], (load1[g], g))
+            top1[p] = max(top1[p], load1[g])
             groups1.put(i, g)
-            continue
-        load0[q] += add[q]
-        slots.put(i, q)
-        base = [*load0, 0.0]
-        heap = [(base[par[g]] + load1[g], g) for g in range(len(par))]
-        heapq.heapify(heap)
-    latest0 = max((load0[q] + top1[q] for q in range(n_slots)), default=0.0)
-    return slots.bins, load0, max(latest0, top1[n_slots])
+        else:
+            load0[q] += add[q]
+            slots.put(i, q)
+            p = q
+        if heaps[p]:
+            first[p] = (load0[p] + heaps[p][0][0], heaps[p][0][1], p)
+    latest = max(a + b for a, b in zip(load0, top1, strict=True))
+    return slots.bins, load0[:n_slots], latest, groups1.bins
 
 
-def _slot_for(slots, worst: list, load0: list, target: float, fin1: float) -> int:
+def _slot_for(opened: list, worst: list, load0: list, target: float, fin1: float) -> int:
     """The phase-0 slot of a sequence phase 1 cannot finish within T (`fin1`: its finish
     there): the fullest open slot that meets T, else the first that does, else the one
     whose latest finish grows least unless phase 1 finishes it no later; -1: phase 1."""
-    n_slots = len(worst)
-    fit = [q for q in range(n_slots) if worst[q] <= target]
     if not worst or worst[0] == float("inf"):  # it fits no slot (same time in every one)
         return -1
-    if any(slots.opened[q] for q in fit):
-        return max((q for q in fit if slots.opened[q]), key=lambda q: load0[q])
-    if fit:
-        return fit[0]
-    q = min(range(n_slots), key=worst.__getitem__)
+    first, full = -1, -1
+    for q, x in enumerate(worst):
+        if x <= target:
+            if first < 0:
+                first = q
+            if opened[q] and (full < 0 or load0[q] > load0[full]):
+                full = q
+    if full >= 0 or first >= 0:
+        return full if full >= 0 else first
+    q = min(range(len(worst)), key=worst.__getitem__)
     return -1 if fin1 <= worst[q] else q
 
 
@@ -216,6 +248,14 @@ class _Slots:
     def cost(self, i: int, q: int) -> float:
         """Seconds sequence i adds to slot q."""
         return self.t_w[i] - self.const if self._packs(i, q) else self.t_w[i]
+
+    def costs(self, i: int) -> list[float]:
+        """cost(i, q) of every slot q (one pass: the split's inner loop)."""
+        t = self.t_w[i]
+        if self.r_w[i] != 0:
+            return [t] * len(self.open_tok)
+        room, packed = self.cap - self.tok[i], t - self.const
+        return [packed if 0 <= ot <= room else t for ot in self.open_tok]
 
     def put(self, i: int, q: int) -> None:
         if self._packs(i, q):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from dcp_opt.solvers import greedy, greedy_level
 from dcp_opt.solvers.common import finish
+from dcp_opt.solvers.greedy_steps import Draft
 
 from dcp_opt import Batch, CostModel, Sequence, cluster_preset, model_preset, validate
 from dcp_opt.plan import Group, MicroBatch
@@ -85,14 +86,54 @@ def test_phase0_packs_small_sequences_with_a_big_video(case):
 
 def test_level_drafts_price_packed_phase0_exactly(case):
     """Each overflow-first / long-then draft's finish plus the gradient sync is the
-    simulated step time of its plan (the draft ranks the candidates)."""
+    simulated step time of its plan (the draft ranks the candidates), the split's own
+    drafts (phase 1 as the split assigned it) included."""
     batch, cost = case
     inst = greedy.make_instance(batch, cost)
     packed = 0
-    for _, build in greedy_level.specs(inst, cost.cluster, np.inf):
+    hows = []
+    for how, build in greedy_level.specs(inst, cost.cluster, np.inf):
         spec = build()
-        draft = greedy.rule_draft(inst, cost.cluster, spec)
+        hows.append(how)
+        draft = spec if isinstance(spec, Draft) else greedy.rule_draft(inst, cost.cluster, spec)
         phases = greedy.to_phases(draft, inst, cost)
         packed += any(len(idx) > 1 for _, _, bins in draft.phase0 for idx, _ in bins)
         assert draft.finish_s + inst.sync == pytest.approx(_time(phases, batch, cost), rel=1e-9)
     assert packed
+    assert any(how[-1] == "split" for how in hows)  # the split's own drafts are among them
+
+
+MID, HALF = (120, 30, 54), (60, 45, 80)  # 194,400 and 216,000 tokens
+
+
+def test_split_keeps_its_own_phase1_assignment():
+    """Step 180 of the same epoch: three 432,000-token videos, one of 216,000 and three of
+    194,400 tokens. Four degree-8 groups: a video alone on each of three, the 216,000 and
+    two 194,400 on the fourth; the last 194,400 first at degree 16 on the ranks of two
+    video groups. The overflow-first split assigns phase 1 so; re-assigned longest first
+    (greedy.rule_draft) a video lands after the phase-0 sequence and the split's finish is
+    lost (greedy kept two degree-16 groups: 1.423 s against 1.350 s when written)."""
+    shapes = [BIG, MID, BIG, BIG, HALF, MID, MID]
+    batch = Batch(tuple(Sequence(i, s) for i, s in enumerate(shapes)))
+    cost = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x32"))
+    inst = greedy.make_instance(batch, cost)
+    r8 = inst.r_min[:, list(inst.degrees).index(8)].tolist()
+
+    def alone(i, d=8):
+        return (MicroBatch((i,), int(r8[i]) if d == 8 else 0),)
+
+    # every 194,400- and 216,000-token sequence needs no recompute at 8 (r8 == 0), and
+    # two of them do not fit one micro-batch there: each runs alone
+    assert all(r8[i] == 0 for i, s in enumerate(shapes) if s != BIG)
+    hand = [
+        [Group(16, 16, alone(6, 16))],
+        [
+            Group(0, 8, alone(4) + alone(1) + alone(5)),
+            Group(8, 8, alone(0)),
+            Group(16, 8, alone(2)),
+            Group(24, 8, alone(3)),
+        ],
+    ]
+    res = greedy.plan_greedy(batch, cost)
+    assert validate(res.plan, batch, cost) == []
+    assert res.predicted_step_time_s <= _time(hand, batch, cost) * (1 + 1e-9)
