@@ -188,7 +188,7 @@ def _split(inst: Instance, j: int, w: int, parent: list, n_slots: int, target: f
     order = sorted(range(len(t_j)), key=lambda i: -t_j[i])
     for i in order:
         fin1, g, p = min(first)
-        tj = groups1.cost(i, g)
+        tj, packs = groups1.price(i, g)
         if fin1 + tj <= target:
             q = -1
         else:
@@ -199,10 +199,10 @@ def _split(inst: Instance, j: int, w: int, parent: list, n_slots: int, target: f
             load1[g] += tj
             heapq.heapreplace(heaps[p], (load1[g], g))
             top1[p] = max(top1[p], load1[g])
-            groups1.put(i, g)
+            groups1.put(i, g, packs)
         else:
             load0[q] += add[q]
-            slots.put(i, q)
+            slots.put(i, q, slots.packs(i, q))
             p = q
         if heaps[p]:
             first[p] = (load0[p] + heaps[p][0][0], heaps[p][0][1], p)
@@ -247,13 +247,16 @@ class _Slots:
         self.bins: list[list] = [[] for _ in range(n_slots)]
         self.open_tok = [-1.0] * n_slots  # tokens of the slot's open micro-batch; -1: none
 
-    def _packs(self, i: int, q: int) -> bool:
+    def packs(self, i: int, q: int) -> bool:
+        """Whether sequence i joins slot q's open micro-batch."""
         ot = self.open_tok[q]
         return self.r_w[i] == 0 and ot >= 0 and ot + self.tok[i] <= self.cap
 
-    def cost(self, i: int, q: int) -> float:
-        """Seconds sequence i adds to slot q."""
-        return self.t_w[i] - self.const if self._packs(i, q) else self.t_w[i]
+    def price(self, i: int, q: int) -> tuple[float, bool]:
+        """(seconds sequence i adds to slot q, packs(i, q))."""
+        if self.packs(i, q):
+            return self.t_w[i] - self.const, True
+        return self.t_w[i], False
 
     def costs(self, i: int) -> list[float]:
         """cost(i, q) of every slot q (one pass: the split's inner loop)."""
@@ -263,8 +266,8 @@ class _Slots:
         room, packed = self.cap - self.tok[i], t - self.const
         return [packed if 0 <= ot <= room else t for ot in self.open_tok]
 
-    def put(self, i: int, q: int) -> None:
-        if self._packs(i, q):
+    def put(self, i: int, q: int, packs: bool) -> None:
+        if packs:
             self.bins[q][-1][0].append(i)
             self.open_tok[q] += self.tok[i]
         else:
