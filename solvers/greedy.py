@@ -17,6 +17,9 @@ For a target makespan T (seconds of the busiest group, before the gradient sync)
 A second phase is tried for the sequences that need most of the cluster: they run one after
 another on the widest group in phase 0, then every rank re-forms for the rest.
 T is scanned on a grid above the lower bound and the best plan (exact loads) is kept.
+Where a batch has few distinct sequences on a power-of-two cluster, the rank relaxation's
+exact plan competes too (solvers/rank_plan.py tree_candidate: several phases, widest groups
+first; milliseconds by solvers/tree_bound.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .greedy_steps import (  # noqa: F401 (re-exported: cpsat and tests import t
     preferred_degrees,
 )
 from .kinds import best_with_kinds
+from .rank_plan import tree_candidate
 
 # Targets tried, as multiples of the analytic bound's finish time: assignment that keeps
 # each sequence on its preferred degree while it meets T, and earliest-finish assignment.
@@ -507,6 +511,7 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
             phases, batch, cost, planner="greedy", started=started, stats={"candidate": how}
         )
         res = _blind_candidate(res, batch, cost, started)
+        res = tree_candidate(res, batch, cost, started)  # few distinct sequences: exact
         if "cp" not in cost.sp_kinds:
             return res
         # cp allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
