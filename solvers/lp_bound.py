@@ -23,6 +23,7 @@ with them scipy's HiGHS solves it at a few T above the separable bound, time per
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,16 @@ class _Data:
 
 
 def _data(batch: Batch, cost: CostModel) -> _Data:
+    """The bound's per-sequence data, memoised on the cost model (its bounded MemoCache):
+    lp_bound, the stream bound's tree term and the planners' tree candidate read it for the
+    same batch."""
+    key = ("lp_bound_data", batch.fingerprint())
+    if key not in cost._cache:
+        cost._cache[key] = _make_data(batch, cost)
+    return cost._cache[key]
+
+
+def _make_data(batch: Batch, cost: CostModel) -> _Data:
     tab = seq_table(batch, cost)
     c = cost.cluster
     deg = np.asarray(tab.degrees, dtype=float)
@@ -298,6 +309,11 @@ def tree_solution(batch: Batch, cost: CostModel, max_pairs: int = tree_bound.MAX
     """(solvers/tree_bound.TreeSolution, classes) of the all-integer relaxation, or None
     where the recursion does not apply or the batch has too many distinct classes."""
     if not tree_bound.applicable(cost):
+        return None
+    # identical shapes have identical rows, so the pairs counted over shapes are at least
+    # those over classes: a batch of many distinct shapes is refused before any table
+    shapes = Counter(seq.shape for seq in batch.sequences).values()
+    if tree_bound.pairs(shapes) > max_pairs:
         return None
     dat = _data(batch, cost)
     cls = _classes(dat)

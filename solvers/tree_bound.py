@@ -59,12 +59,18 @@ def applicable(cost: CostModel) -> bool:
     )
 
 
+def pairs(counts) -> int:
+    """Sub-multiset pairs the recursion visits a level, for these class sizes (exact ints:
+    a product of 64 factors overflows int64)."""
+    return math.prod((c + 1) * (c + 2) // 2 for c in counts)
+
+
 def solve(dat, cls: list[list[int]], n_gpus: int, max_pairs: int = MAX_PAIRS):
     """The relaxation's optimum and an assignment reaching it, from solvers/lp_bound's data
     `dat` (_Data) and classes `cls` of a batch on an applicable() cluster of `n_gpus`; None
     where the recursion would visit more than `max_pairs` pairs a level."""
     count = np.array([len(m) for m in cls])
-    if math.prod((c + 1) * (c + 2) // 2 for c in count.tolist()) > max_pairs:  # exact ints
+    if pairs(count.tolist()) > max_pairs:
         return None
     dp = _Tree(dat, cls, count, n_gpus)
     value = float(dp.f[-1][-1])

@@ -215,3 +215,22 @@ def test_run_stream_reports_every_workload():
     )  # fmt: skip
     assert [e["workload"] for e in doc["epochs"]] == ["1d-long"]
     assert {r["method"] for r in doc["methods"]} >= {"bucket", "dcp_inter_pac", "greedy@1M"}
+
+
+def test_the_memoised_step_bounds_sum_to_the_stream_bound():
+    from dcp_opt.solvers.stream_bound import step_lower_bound, stream_lower_bound
+
+    from dcp_opt.analysis.stream_steps import StepCache, _bound
+
+    epoch, cost = EPOCHS["2d-balanced"], COSTS["2d"]
+    steps = data_order_steps(epoch, 2 * MILLION)
+    cache = StepCache(epoch, cost)
+    batches = [cache.batch(s) for s in steps]
+    for lp in (False, True):  # lp=False: deterministic, no LP time limit involved
+        got = _bound(cache, steps, 0, lp=lp)
+        assert got == pytest.approx(sum(cache.bound(s, lp) for s in steps), rel=1e-12)
+    assert _bound(cache, steps, 0, lp=False) == pytest.approx(
+        stream_lower_bound(batches, cost, lp_time_limit_s=0), rel=1e-12
+    )
+    with pytest.raises(DcpOptError, match="lp_time_limit_s"):
+        step_lower_bound(batches[0], cost, lp_time_limit_s=-1)

@@ -168,3 +168,14 @@ def test_the_planners_are_never_slower_than_the_tree_plan():
     tree = rank_bound(batch, cost).value_s
     assert res.stats["rank_bound_s"] == pytest.approx(tree, rel=1e-12)
     assert res.lower_bound_s == res.stats["rank_bound_s"] > res.stats["lp_bound_s"] * 1.05
+
+
+def test_the_stream_bound_of_fixed_steps_takes_the_tree_term():
+    from dcp_opt.solvers.stream_bound import stream_lower_bound
+
+    batch, cost = _long_step()
+    tree = rank_bound(batch, cost).value_s
+    assert tree > lp_bound(batch, cost).value_s * 1.05  # granularity the LP does not see
+    assert stream_lower_bound([batch, batch], cost) == pytest.approx(2 * tree, rel=1e-12)
+    # max_shift > 0: any reassignment, per-sequence terms only (no tree term)
+    assert stream_lower_bound([batch, batch], cost, max_shift=1) < 2 * tree

@@ -47,6 +47,7 @@ class StepCache:
         self.epoch, self.cost = epoch, cost
         self._batches: dict[tuple, Batch] = {}
         self._greedy: dict[tuple, tuple[float, float]] = {}
+        self._bounds: dict[tuple, float] = {}
 
     def batch(self, ids) -> Batch:
         key = tuple(sorted(ids))
@@ -68,6 +69,18 @@ class StepCache:
                 raise DcpOptError(f"greedy: no plan for a step ({res.status}: {res.message})")
             self._greedy[key] = (res.predicted_step_time_s, wall)
         return self._greedy[key]
+
+    def bound(self, ids, lp: bool = True) -> float:
+        """The step's certified bound (solvers/stream_bound.step_lower_bound; lp=False: no
+        LP refinement nor tree term), once per step: the former's steps repeat many of data
+        order's."""
+        key = (tuple(sorted(ids)), lp)
+        if key not in self._bounds:
+            from dcp_opt.solvers.stream_bound import step_lower_bound
+
+            kw = {} if lp else {"lp_time_limit_s": 0.0}
+            self._bounds[key] = step_lower_bound(self.batch(key[0]), self.cost, **kw)
+        return self._bounds[key]
 
     def proxy(self, batch: Batch) -> float:
         """The step former's proxy (form_steps(proxy=...)): the cached greedy step time."""
@@ -138,6 +151,8 @@ def _bound(cache: StepCache, steps, max_shift, lp: bool = True) -> float | None:
 
     if not steps:  # a published sampler may form no step at all from a small epoch
         return None
+    if max_shift == 0:  # the sum of the per-step bounds (stream_lower_bound), memoised
+        return float(sum(cache.bound(s, lp) for s in steps))
     kw = {} if lp else {"lp_time_limit_s": 0.0}
     batches = [cache.batch(s) for s in steps]
     return float(stream_lower_bound(batches, cache.cost, max_shift=max_shift, **kw))
