@@ -104,9 +104,12 @@ def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     r. Every figure is the cost model's own (time_by_degree, memory), so subclasses hold too.
     Time is affine in the features (table.py), so rec = features @ (the increment of one
     more recomputed layer per unit feature): one cost call per feature, not per sequence.
-    `kind`: the SP kind's times (empty micro-batch, recompute); memory per token is
-    Ulysses' at degree 1 (the least of the kinds) and r_min the table's (the fewest over
-    the kinds): both can only lower the term."""
+    `kind`: the SP kind's times (empty micro-batch, recompute) and its own r_min (a member
+    of a kind's micro-batch at level r recomputes r - r_min of that kind beyond the
+    marginal time the table holds; the table's r_min, Ulysses', would charge cp members
+    for layers they already pay: a cp plan 5 % below the bound, tests/test_tree_bound.py);
+    memory per token is Ulysses' at degree 1 (the least of the kinds): it can only lower
+    the term."""
     L = cost.model.num_layers
     degrees = tab.degrees
     deg = np.asarray(degrees, dtype=float)
@@ -119,6 +122,8 @@ def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     room = np.maximum(cap - cost.fixed_bytes(), 1e-30)
     a = empty * per_tok[None, :] / (room * deg)[:, None]  # (D, L + 1): E_d(r) / K_d(r)
     r0 = tab.r_min
+    if kind:  # this kind's fewest layers at the same (best) capacity, as the table's
+        r0 = cost.min_recompute(tab.tokens[None, :], deg[:, None], cap[:, None], **kind).T
     ok = r0 >= 0
     r0c = np.where(ok, r0, 0)
     at_r0 = tab.tokens[:, None] * a[np.arange(nd)[None, :], r0c]

@@ -179,3 +179,53 @@ def test_the_stream_bound_of_fixed_steps_takes_the_tree_term():
     assert stream_lower_bound([batch, batch], cost) == pytest.approx(2 * tree, rel=1e-12)
     # max_shift > 0: any reassignment, per-sequence terms only (no tree term)
     assert stream_lower_bound([batch, batch], cost, max_shift=1) < 2 * tree
+
+
+def _cp_toy():
+    """4 GPUs at degree 4, 2 layers, 1000 activation bytes a token a layer and free
+    checkpoints; cp gathers 16 more a token from each of the 3 others (cp_cost), so 400
+    tokens fit Ulysses at r = 0 but cp only at r = 1, and 800 fit cp at r = 2. One layer's
+    forward of 400 tokens is u = 1/3 s under cp (2 heads: a quarter of the attention each)
+    and 2u under Ulysses (half); the empty micro-batch is 1 s, nothing else costs."""
+    from dcp_opt import Cluster, CostCoefficients, CostModel, ModelSpec
+    from dcp_opt.cost import BlockCoeffs, TermCoeffs
+
+    q = 1.0 / 120000  # u = q * 400^2 / 4
+    cluster = Cluster("cp-toy", 1, 4, 300010.0, 1.0, 1e18, 1e18, 0.0, 0.0, degrees=(4,))
+    coeffs = CostCoefficients(
+        blocks={"layer": BlockCoeffs(TermCoeffs(quad=q), TermCoeffs(quad=2 * q))},
+        head_fwd_per_token_s=0.0,
+        head_bwd_per_token_s=0.0,
+        microbatch_overhead_s=1.0,
+        a2a_bytes_per_token_layer=0.0,
+        a2a_calls_per_layer=0,
+        act_bytes_per_token_layer=1000.0,
+        ckpt_bytes_per_token_layer=0.0,
+        head_bytes_per_token=0.0,
+        reserved_bytes=0.0,
+        source="cp-toy",
+    )
+    model = ModelSpec("cp-toy", "1d", 2, 4, 2, 8, num_params=1.0)
+    return CostModel(
+        model, cluster, coeffs, usable_memory_fraction=1.0, grad_reduce_bytes_per_param=0.0,
+        closing_step_s=0.0, sp_kinds=("ulysses", "cp"),
+    )  # fmt: skip
+
+
+def test_a_packed_cp_plan_is_above_the_bound():
+    # Both sequences packed in one cp micro-batch at r = 2: 1 + 2 * (7u + u) = 19/3 s (each
+    # pays its marginal 7u at its own cp r_min 1, and one more layer). Counting a member's
+    # extra layers from Ulysses' r_min 0 gave each a share of min_r (3 - r) / 3 + r u = 1 s,
+    # so a bound of 2 * 7u + 2 = 20/3 s, above this plan.
+    from dcp_opt.solvers.common import finish
+
+    from dcp_opt.plan import Group, MicroBatch
+
+    cost = _cp_toy()
+    batch = Batch.from_lengths([400, 400])
+    group = Group(0, 4, (MicroBatch((0, 1), 2),), kind="cp")
+    res = finish([[group]], batch, cost, planner="hand", started=0.0)
+    assert res.predicted_step_time_s == pytest.approx(19 / 3, rel=1e-12)
+    assert tree_bound.applicable(cost)
+    assert rank_bound(batch, cost).value_s <= res.predicted_step_time_s
+    assert lp_bound(batch, cost).value_s <= res.predicted_step_time_s
