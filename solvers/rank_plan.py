@@ -83,7 +83,8 @@ def tree_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: floa
         return res
     # "optimal" is a claim within a planner's own model: a plan from outside it is feasible
     status = "feasible" if res.status == "optimal" else res.status
-    return replace(alt, status=status, stats={**res.stats, "candidate": ["rank-tree"]})
+    # res's stats say how its plan was found (greedy's candidate, topology_blind): not this one
+    return replace(alt, status=status, stats={"candidate": ["rank-tree"]})
 
 
 def _tree_nodes(batch: Batch, cost: CostModel, max_pairs: int):

@@ -2,10 +2,12 @@
 programming over the buddy tree, for few sequences on a homogeneous power-of-two cluster.
 
 Where every allowed degree d's placements are exactly the aligned blocks [s, s + d) with
-s a multiple of d (no topology, equal speeds and memory), a placement is a node of the
-binary tree of rank blocks: level l holds the blocks of 2^l ranks. A rank's load in the
-relaxation is the sum of the loads of the nodes on its leaf-to-root path, where a node
-holding the sequences S0 at degree d = 2^l carries (rank_bound's rows)
+s a multiple of d (equal speeds and memory; on a fabric each degree is priced at its
+cheapest placement, dcp_opt/table.py seq_table, a bound wherever a group lands), a
+placement is a node of the binary tree of rank blocks: level l holds the blocks of 2^l
+ranks. A rank's load in the relaxation is the sum of the loads of the nodes on its
+leaf-to-root path, where a node holding the sequences S0 at degree d = 2^l carries
+(rank_bound's rows)
 
     load_l(S0) = sum_{i in S0} m_i(d) + max(c_d [S0 non-empty], sum_{i in S0} share_i(d))
 
