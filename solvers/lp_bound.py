@@ -312,7 +312,16 @@ def _tree_value(sol, sync: float) -> float:
 
 def tree_solution(batch: Batch, cost: CostModel, max_pairs: int = tree_bound.MAX_PAIRS):
     """(solvers/tree_bound.TreeSolution, classes) of the all-integer relaxation, or None
-    where the recursion does not apply or the batch has too many distinct classes."""
+    where the recursion does not apply or the batch has too many distinct classes.
+    Memoised on the cost model like _data: cpsat asks for the plan and then the bound."""
+    key = ("tree_solution", batch.fingerprint(), max_pairs)
+    found = cost._cache.get(key, key)  # None is a result: the key itself marks a miss
+    if found is key:
+        found = cost._cache[key] = _tree_solution(batch, cost, max_pairs)
+    return found
+
+
+def _tree_solution(batch: Batch, cost: CostModel, max_pairs: int):
     if not tree_bound.applicable(cost):
         return None
     # identical shapes have identical rows, so the pairs counted over shapes are at least

@@ -111,7 +111,10 @@ class _Tree:
     def _pairs(self) -> tuple[np.ndarray, np.ndarray]:
         ia, ib = np.zeros(1, np.int64), np.zeros(1, np.int64)
         for c, s in zip(self.count.tolist(), self.stride.tolist(), strict=True):
-            a, b = np.array([(a, b) for a in range(c + 1) for b in range(c + 1 - a)]).T
+            # (a, b) with a + b <= c, a outer: a list of tuples took 1 s at c = 2000
+            runs = np.arange(c + 1, 0, -1)
+            a = np.repeat(np.arange(c + 1), runs)
+            b = np.arange(runs.sum()) - np.repeat(np.cumsum(runs) - runs, runs)
             ia = (ia[:, None] + a[None, :] * s).ravel()
             ib = (ib[:, None] + b[None, :] * s).ravel()
         return ia, ib
