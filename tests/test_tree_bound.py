@@ -9,6 +9,8 @@ micro-batch constant), memory 9 + 30T bytes at no recompute.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from dcp_opt.solvers import tree_bound
@@ -150,6 +152,10 @@ def test_tree_candidate_replaces_a_slower_plan_and_keeps_a_close_one():
     assert validate(got.plan, batch, cost) == []
     assert got.predicted_step_time_s == best.predicted_step_time_s
     assert got.planner == slow.planner and got.stats["candidate"] == ["rank-tree"]
+    # the tree plan itself is tried and kept; the try counts in its wall time
+    t0 = time.perf_counter()
+    again = tree_candidate(got, batch, cost, t0)
+    assert again.plan is got.plan and 0 <= again.wall_time_s <= time.perf_counter() - t0
     # a plan within CANDIDATE_MIN_GAP of its bound is kept as it is
     close = type(slow)(**{**slow.__dict__, "lower_bound_s": slow.predicted_step_time_s})
     assert tree_candidate(close, batch, cost, 0.0) is close
