@@ -15,7 +15,7 @@ and the batches where a rule layout beats greedy or cpsat. Acceptance (issue 19)
 median gap <= 5 % and worst <= 15 % on every model and workload; no batch where a rule wins.
 Batches where cpsat's gap is above --explain-above (8 %) are explained: cpsat again with
 --long-budget (10 s: what more search gains) and the rank-assignment bound
-(solvers/lp_bound.rank_bound, a certified MILP relaxation of every plan that sees the
+(solvers/rank_bound.rank_bound, a certified MILP relaxation of every plan that sees the
 packing's granularity, the same budget) with its solution as a plan (solvers/rank_plan.py,
 "rank_plan_s": faster than cpsat means the planner is loose): "tight_bound_s" is the
 tightest certified bound, and the rows' gaps are to it (*_gap_plain_*: to the bound before
@@ -44,7 +44,8 @@ import time
 from dcp_opt.solvers import run_planner
 from dcp_opt.solvers.common import finish
 from dcp_opt.solvers.greedy_rules import rule_plans
-from dcp_opt.solvers.lp_bound import lp_bound, rank_bound
+from dcp_opt.solvers.lp_bound import lp_bound
+from dcp_opt.solvers.rank_bound import rank_bound
 from dcp_opt.solvers.rank_plan import rank_plan
 
 from dcp_opt import CostModel, cluster_preset, model_preset
@@ -92,7 +93,7 @@ def one_batch(batch, cost: CostModel) -> dict:
 
 def explain(batch, cost: CostModel, rec: dict, long_s: float) -> dict:
     """Where a gap comes from: cpsat with `long_s` seconds (what more search gains), the
-    rank-assignment bound (solvers/lp_bound.rank_bound, `long_s` of HiGHS): a certified
+    rank-assignment bound (solvers/rank_bound.rank_bound, `long_s` of HiGHS): a certified
     bound that sees the packing's granularity, so what it adds to the bound is looseness of
     the bound, not of the planner; and that relaxation's solution as a plan
     (solvers/rank_plan.py): where it is faster than cpsat the planner is what is loose. (An exact CP-SAT solve of a reduced instance is no

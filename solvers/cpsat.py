@@ -107,7 +107,8 @@ from .greedy import (
     to_phases,
 )
 from .kinds import best_with_kinds
-from .lp_bound import lp_bound, tree_bound_s
+from .lp_bound import lp_bound
+from .rank_bound import tree_bound_s
 from .rank_plan import CANDIDATE_PAIRS, tree_candidate
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -537,16 +538,19 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
     blind = cost.with_(cluster=cluster.with_(topology=None))
     phases, how = _first_fit(batch, blind)
     groups = [g for phase in phases for g in phase]
+    now = time.perf_counter()
     if not all(
         g.degree in cluster.allowed_degrees and cluster.is_placement(g.start_rank, g.degree)
         for g in groups
     ):
-        return res
+        return replace(res, wall_time_s=now - started)  # the blind search counts too
     alt = finish(
         phases, batch, cost, planner="greedy", started=started,
         stats={"candidate": how, "topology_blind": True},
     )  # fmt: skip
-    return alt if alt.predicted_step_time_s < res.predicted_step_time_s else res
+    if alt.predicted_step_time_s < res.predicted_step_time_s:
+        return alt
+    return replace(res, wall_time_s=alt.wall_time_s)
 
 
 def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:

@@ -1,4 +1,4 @@
-"""A plan from the rank-assignment relaxation (solvers/lp_bound.rank_milp): for benchmarks,
+"""A plan from the rank-assignment relaxation (solvers/rank_bound.rank_milp): for benchmarks,
 and, where solvers/tree_bound.py solves it in milliseconds, a candidate of the planners
 (tree_candidate).
 
@@ -28,7 +28,8 @@ from dcp_opt.validate import InvalidPlanError
 
 from . import tree_bound
 from .common import finish
-from .lp_bound import lp_bound, rank_milp, tree_solution
+from .lp_bound import lp_bound
+from .rank_bound import rank_milp, tree_solution
 
 CANDIDATE_PAIRS = 1 << 15  # tree_candidate: the recursion's pairs a level (~ms)
 CANDIDATE_MIN_GAP = 0.01

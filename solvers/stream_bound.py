@@ -40,10 +40,11 @@ from dcp_opt.cost import CostModel
 from dcp_opt.errors import require
 from dcp_opt.table import seq_table
 
-from .lp_bound import _data, lp_bound, tree_bound_s
+from .lp_bound import _data, lp_bound
+from .rank_bound import tree_bound_s
 
 # the tree term's pairs a level (solvers/tree_bound.py): a few ms a step; 2d-long's 2M-token
-# steps need 900 (median) to 472,392, a 1d-long step of 13 distinct lengths 1.6M (0.1 s)
+# steps need 900 (median) to 472,392, a 1d-long step of 13 distinct lengths 1.6M (0.46 s)
 TREE_PAIRS = 1 << 17
 
 

@@ -1,4 +1,4 @@
-"""The rank-assignment relaxation (solvers/lp_bound.rank_bound) solved exactly by dynamic
+"""The rank-assignment relaxation (solvers/rank_bound.rank_bound) solved exactly by dynamic
 programming over the buddy tree, for few sequences on a homogeneous power-of-two cluster.
 
 Where every allowed degree d's placements are exactly the aligned blocks [s, s + d) with

@@ -291,9 +291,9 @@ def instances(draw, max_gpus: int = 64, max_seqs: int = 24, kind=None, mixed=Non
 
 
 # ---- plans -------------------------------------------------------------------------------
-def _fits(cost: CostModel, tokens: int, start: int, d: int) -> int:
+def _fits(cost: CostModel, tokens: int, start: int, d: int, kind: str = "ulysses") -> int:
     """Fewest recomputed layers for `tokens` on the group at (start, d); -1 if none."""
-    return int(cost.min_recompute(tokens, d, cost.capacity(start, d)))
+    return int(cost.min_recompute(tokens, d, cost.capacity(start, d), kind=kind))
 
 
 @st.composite
@@ -314,7 +314,7 @@ def group_layouts(draw, cluster: Cluster) -> list[tuple[int, int]]:
 
 
 @st.composite
-def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
+def valid_plans(draw, inst: Instance, dense: bool | None = None, cp: bool = False) -> Plan:
     """One to three phases on random layouts (one when dense); sequences that fit none of
     their phase's groups go to one or two last phases, each one group of the largest degree
     at its roomiest placement (always feasible).
@@ -322,7 +322,8 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
     `dense` plans are the tight ones a good planner makes (they are what tests a lower bound):
     each sequence goes to the fitting group with the least work so far, micro-batches are
     packed as full as memory allows, and recompute is the fewest that fits. Otherwise the
-    group, the packing and the recompute choice are all drawn."""
+    group, the packing and the recompute choice are all drawn. `cp`: where the cost model
+    offers cp, some groups are cp (the bounds' tests; simulate's reference is Ulysses')."""
     cost, batch = inst.cost, inst.batch
     L = cost.model.num_layers
     dense = draw(BOOLS) if dense is None else dense
@@ -344,7 +345,7 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
         load[k] += s.num_tokens / k[2] / cost.cluster.group_speed(*k[1:])
     phases = [
         [
-            _group(draw, cost, batch, st_, d, ids, L, dense)
+            _group(draw, cost, batch, st_, d, ids, L, dense, cp)
             for (q, st_, d), ids in assigned.items()
             if q == p
         ]
@@ -352,7 +353,8 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None) -> Plan:
     ]
     n_late_phases = draw(ints(1, 2)) if late else 0
     for k in range(n_late_phases):
-        phases.append([_group(draw, cost, batch, best, dmax, late[k::n_late_phases], L, dense)])
+        late_ids = late[k::n_late_phases]
+        phases.append([_group(draw, cost, batch, best, dmax, late_ids, L, dense, cp)])
     return make_plan(phases, batch, cost, planner="hyp", normalizer_kind=draw(_kinds()))
 
 
@@ -360,7 +362,7 @@ def _kinds():
     return st.sampled_from([None, "tokens", "samples"])
 
 
-def _group(draw, cost, batch, start, d, ids, L, dense) -> Group:
+def _group(draw, cost, batch, start, d, ids, L, dense, cp=False) -> Group:
     """Pack `ids` (in a drawn order) into micro-batches that fit at full recompute, then give
     each micro-batch a recompute choice between its minimum and L."""
     order = list(ids) if dense or not ids else draw(st.permutations(ids))
@@ -375,11 +377,19 @@ def _group(draw, cost, batch, start, d, ids, L, dense) -> Group:
         else:
             mbs.append([sid])
             tokens.append(t)
+    # a cost model offering cp: some groups are cp where every micro-batch fits its memory
+    # (the K/V it gathers may need more recompute than Ulysses), so bounds meet cp plans too
+    kind = "ulysses"
+    cp_ok = (
+        cp and "cp" in cost.sp_kinds and all(_fits(cost, t, start, d, "cp") >= 0 for t in tokens)
+    )
+    if cp_ok and draw(BOOLS):
+        kind = "cp"
     out = []
     for ids_, t in zip(mbs, tokens, strict=True):
-        r0 = _fits(cost, t, start, d)
+        r0 = _fits(cost, t, start, d, kind)
         out.append(MicroBatch(tuple(ids_), r0 if dense else draw(ints(r0, L))))
-    return Group(start, d, tuple(out))
+    return Group(start, d, tuple(out), kind=kind)
 
 
 def rel_excess(value: float, bound: float) -> float:

@@ -1,4 +1,4 @@
-"""The rank-assignment bound (solvers/lp_bound.rank_bound): a relaxation of every plan that
+"""The rank-assignment bound (solvers/rank_bound.rank_bound): a relaxation of every plan that
 sees the packing's granularity, certified against exhaustive optima (tests/brute_force.py),
 random valid plans of any number of phases, and an instance solved by hand where the
 analytic and LP bounds are loose.
@@ -10,7 +10,8 @@ micro-batch constant, shared by the sequences packed together), memory 9 + 30T b
 from __future__ import annotations
 
 import pytest
-from dcp_opt.solvers.lp_bound import _sibling_pairs, lp_bound, rank_bound
+from dcp_opt.solvers.lp_bound import lp_bound
+from dcp_opt.solvers.rank_bound import _sibling_pairs, rank_bound
 from dcp_opt.solvers.rank_plan import rank_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,7 +87,7 @@ def test_rank_bound_is_below_any_valid_plan(dense, data):
     # random valid plans of several phases (a relaxation of every plan, not only the single-
     # phase ones the brute force enumerates)
     inst = data.draw(hs.instances(max_seqs=12))
-    plan = data.draw(hs.valid_plans(inst, dense=dense))
+    plan = data.draw(hs.valid_plans(inst, dense=dense, cp=True))
     sim = simulate(plan, inst.batch, inst.cost)
     rb = rank_bound(inst.batch, inst.cost, time_limit_s=0.3)  # the dual bound at a limit holds
     assert sim.step_time_s >= rb.value_s * (1 - REL), (sim.step_time_s, rb)

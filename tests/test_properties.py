@@ -88,7 +88,7 @@ def test_instances_are_feasible_by_construction(data):
 @given(st.data())
 def test_random_plans_are_valid(data):
     inst = data.draw(hs.instances())
-    plan = data.draw(hs.valid_plans(inst))
+    plan = data.draw(hs.valid_plans(inst, cp=True))
     assert validate(plan, inst.batch, inst.cost) == []
 
 
@@ -97,7 +97,7 @@ def test_any_valid_plan_simulates_to_at_least_the_lower_bound(data):
     # The bound is certified: no plan at all may beat it, so the tight ("dense") plans drawn
     # here -- packed micro-batches, fewest recomputed layers, balanced groups -- must not.
     inst = data.draw(hs.instances())
-    plan = data.draw(hs.valid_plans(inst))
+    plan = data.draw(hs.valid_plans(inst, cp=True))
     sim = simulate(plan, inst.batch, inst.cost)
     bound = lower_bound(inst.batch, inst.cost)
     assert sim.step_time_s >= bound.value_s * (1 - REL), (sim.step_time_s, bound)
@@ -110,7 +110,7 @@ def test_simulation_invariants(data):
     # a group's micro-batches run back to back and never overlap another phase's use of the
     # same rank; every sequence runs in exactly one event; peak memory within capacity.
     inst = data.draw(hs.instances(max_seqs=12))
-    plan = data.draw(hs.valid_plans(inst))
+    plan = data.draw(hs.valid_plans(inst, cp=True))
     cost, c = inst.cost, inst.cluster
     sim = simulate(plan, inst.batch, cost)
     tol = 1e-9 * max(sim.finish_s, 1e-12)
@@ -136,7 +136,7 @@ def test_simulation_invariants(data):
 @given(st.data())
 def test_random_plans_round_trip_through_json(data):
     inst = data.draw(hs.instances(max_seqs=12))
-    plan = data.draw(hs.valid_plans(inst))
+    plan = data.draw(hs.valid_plans(inst, cp=True))
     again = Plan.from_json(plan.to_json())
     assert again == plan
     assert again.to_json() == plan.to_json()
@@ -437,7 +437,7 @@ def test_lp_bound_is_below_any_valid_plan(dense, data):
     from dcp_opt.solvers.lp_bound import lp_bound
 
     inst = data.draw(hs.instances())
-    plan = data.draw(hs.valid_plans(inst, dense=dense))
+    plan = data.draw(hs.valid_plans(inst, dense=dense, cp=True))
     sim = simulate(plan, inst.batch, inst.cost)
     bound = lp_bound(inst.batch, inst.cost, upper_s=sim.step_time_s, time_limit_s=10.0)
     assert sim.step_time_s >= bound.value_s * (1 - REL), (sim.step_time_s, bound)

@@ -245,7 +245,7 @@ def test_perturbed_bounds_are_below_any_valid_plan(dense):
     def prop(data):
         EXAMPLES[f"perturbed_bounds_below_any_valid_plan[{dense}]"] += 1
         inst = data.draw(hs.perturbed_instances())
-        plan = data.draw(hs.valid_plans(inst, dense=dense))
+        plan = data.draw(hs.valid_plans(inst, dense=dense, cp=True))
         sim = simulate(plan, inst.batch, inst.cost)
         assert sim.step_time_s >= lower_bound(inst.batch, inst.cost).value_s * (1 - REL)
         lp = lp_bound(inst.batch, inst.cost, upper_s=sim.step_time_s, time_limit_s=10.0)

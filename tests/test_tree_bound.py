@@ -14,7 +14,8 @@ import time
 import numpy as np
 import pytest
 from dcp_opt.solvers import tree_bound
-from dcp_opt.solvers.lp_bound import _data, lp_bound, rank_bound, rank_milp, tree_solution
+from dcp_opt.solvers.lp_bound import _data, lp_bound
+from dcp_opt.solvers.rank_bound import rank_bound, rank_milp, tree_solution
 from dcp_opt.solvers.rank_plan import rank_plan
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -91,7 +92,7 @@ def test_the_recursion_equals_highs_on_the_same_program(data):
 @given(data=st.data(), dense=st.booleans())
 def test_the_tree_bound_is_below_any_valid_plan(data, dense):
     inst = _applicable_instance(data, max_seqs=12)
-    plan = data.draw(hs.valid_plans(inst, dense=dense))
+    plan = data.draw(hs.valid_plans(inst, dense=dense, cp=True))
     sim = simulate(plan, inst.batch, inst.cost)
     rb = rank_bound(inst.batch, inst.cost, time_limit_s=0.3)
     assert sim.step_time_s >= rb.value_s * (1 - REL), (sim.step_time_s, rb)
