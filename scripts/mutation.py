@@ -92,6 +92,9 @@ MODULES = {
             "tests/test_topology.py",
         ),
     ),
+    "tree_bound": Module(
+        "dcp_opt/solvers/tree_bound.py", ("tests/test_tree_bound.py", "tests/test_bounds_rank.py")
+    ),
     "common": Module(
         "dcp_opt/solvers/common.py",
         ("tests/test_common.py", "tests/test_greedy.py", "tests/test_baselines.py"),
