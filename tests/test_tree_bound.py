@@ -236,3 +236,52 @@ def test_a_packed_cp_plan_is_above_the_bound():
     assert tree_bound.applicable(cost)
     assert rank_bound(batch, cost).value_s <= res.predicted_step_time_s
     assert lp_bound(batch, cost).value_s <= res.predicted_step_time_s
+
+
+def test_pairs_count_the_sub_multiset_pairs_and_gate_the_recursion():
+    # class sizes 0, 1, 2: pairs (a, b) with a + b <= c are 1, 3 and 6 of them
+    brute = 1
+    for c in (0, 1, 2):
+        brute *= sum(1 for a in range(c + 1) for b in range(c + 1) if a + b <= c)
+    assert tree_bound.pairs([0, 1, 2]) == brute == 18
+    cost = toy_cost(1, 4, 400.0, degrees=(1,))
+    batch = Batch.from_lengths([4, 4, 3])  # classes of 2 and 1: 6 * 3 = 18 pairs
+    dat = _data(batch, cost)
+    cls = [[0, 1], [2]]
+    assert tree_bound.solve(dat, cls, 4, max_pairs=18) is not None
+    assert tree_bound.solve(dat, cls, 4, max_pairs=17) is None
+
+
+def test_one_gpu_is_a_tree_of_one_leaf():
+    cost = toy_cost(1, 1, 400.0)
+    assert tree_bound.applicable(cost)
+    sol, _ = tree_solution(Batch.from_lengths([4, 3]), cost)
+    assert sol.finish_s == pytest.approx(6 * 7 + 0.5, rel=REL)  # both packed on the one GPU
+
+
+def test_every_state_reads_back_a_pair_of_its_own():
+    cost = toy_cost(1, 4, 400.0)
+    batch = Batch.from_lengths([4, 4, 4, 3, 3, 2])
+    dat = _data(batch, cost)
+    from dcp_opt.solvers.rank_bound import _classes
+
+    cls = _classes(dat)
+    tree = tree_bound._Tree(dat, cls, np.array([len(m) for m in cls]), 4)
+    for s in range(len(tree.vec)):  # the pair preferred is the largest A: any range error
+        a, b = tree._arg(s, lambda ia, ib: -ia.astype(float))  # would pick another state's
+        assert a + b == s and (tree.vec[a] + tree.vec[b] == tree.vec[s]).all()
+
+
+def test_a_sequence_that_needs_sp_is_bounded_like_highs():
+    # 45 bytes: 9 + T (30 - 8 r) per member fits T = 1 at degree 1 (39 bytes); T = 3 not even
+    # at r = 2 there (51), only from degree 2 (1.5 tokens a member at r = 1: 42), so the 3's
+    # class has no degree-1 entry (inf), which every state without it must not see
+    cost = toy_cost(1, 4, 45.0)
+    batch = Batch.from_lengths([3, 1, 1, 1])
+    assert not np.isfinite(_data(batch, cost).marg[0, 0])  # the 3 at degree 1
+    sol, _ = tree_solution(batch, cost)
+    res, *_ = rank_milp(batch, cost, 1.0, 10.0, integer_share=0.0)
+    assert res.status == 0 and np.isfinite(sol.finish_s)
+    assert sol.finish_s == pytest.approx(res.fun, rel=1e-6)
+    t, _ = brute_force(batch, cost)
+    assert rank_bound(batch, cost).value_s <= t * (1 + REL)
