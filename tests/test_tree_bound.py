@@ -194,29 +194,22 @@ def _cp_toy():
     tokens fit Ulysses at r = 0 but cp only at r = 1, and 800 fit cp at r = 2. One layer's
     forward of 400 tokens is u = 1/3 s under cp (2 heads: a quarter of the attention each)
     and 2u under Ulysses (half); the empty micro-batch is 1 s, nothing else costs."""
-    from dcp_opt import Cluster, CostCoefficients, CostModel, ModelSpec
+    from dataclasses import replace
+
     from dcp_opt.cost import BlockCoeffs, TermCoeffs
 
     q = 1.0 / 120000  # u = q * 400^2 / 4
-    cluster = Cluster("cp-toy", 1, 4, 300010.0, 1.0, 1e18, 1e18, 0.0, 0.0, degrees=(4,))
-    coeffs = CostCoefficients(
+    toy = toy_cost(1, 4, 300010.0, degrees=(4,))  # the toy model: 2 layers, 1 parameter
+    coeffs = replace(
+        toy.coeffs,
         blocks={"layer": BlockCoeffs(TermCoeffs(quad=q), TermCoeffs(quad=2 * q))},
-        head_fwd_per_token_s=0.0,
-        head_bwd_per_token_s=0.0,
         microbatch_overhead_s=1.0,
-        a2a_bytes_per_token_layer=0.0,
-        a2a_calls_per_layer=0,
         act_bytes_per_token_layer=1000.0,
         ckpt_bytes_per_token_layer=0.0,
-        head_bytes_per_token=0.0,
-        reserved_bytes=0.0,
         source="cp-toy",
     )
-    model = ModelSpec("cp-toy", "1d", 2, 4, 2, 8, num_params=1.0)
-    return CostModel(
-        model, cluster, coeffs, usable_memory_fraction=1.0, grad_reduce_bytes_per_param=0.0,
-        closing_step_s=0.0, sp_kinds=("ulysses", "cp"),
-    )  # fmt: skip
+    cluster = toy.cluster.with_(intra_node_bw=1e18, inter_node_bw=1e18)  # cp's gather free
+    return toy.with_(cluster=cluster, coeffs=coeffs, sp_kinds=("ulysses", "cp"))
 
 
 def test_a_packed_cp_plan_is_above_the_bound():
