@@ -77,9 +77,14 @@ def job_train(ctx, cases: list, seed: int, step: int):
         report = execute_step(
             plan, task, model, data, pool=ctx.pool, state=state, step=step, sharding=sh
         )
-        params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-        out.append((report.loss, [p.detach().clone() for p in params]))
+        out.append((report.loss, full_params(model)))
     return out
+
+
+def full_params(model) -> list:
+    """Copies of the model's parameters, whole (a sharded DTensor gathered on every rank)."""
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return [p.detach().clone() for p in params]
 
 
 _REFERENCES: dict = {}
@@ -269,8 +274,7 @@ def job_train_dit(ctx, cases: list, seed: int, step: int):
         sh = shard(model, adamw, mode=mode, pool=ctx.pool, task=task)
         execute_step(Plan.from_json(plan_json), task, model, dit_data(seed), pool=ctx.pool,
                      state=state, step=step, sharding=sh)  # fmt: skip
-        params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-        out.append([p.detach().clone() for p in params])
+        out.append(full_params(model))
     return out
 
 

@@ -16,7 +16,7 @@ from dcp_opt import Cluster, CostModel
 from dcp_opt.plan import Plan
 
 from .reference import objective
-from .test_sharding import BATCH, TOL, adamw
+from .test_sharding import BATCH, TOL, adamw, full_params
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
@@ -36,8 +36,7 @@ def job_train_hf(ctx, cases: list, seed: int, step: int):
         sh = shard(model, adamw, mode=mode, pool=ctx.pool, task=task)
         execute_step(Plan.from_json(plan_json), task, model, hf_data(seed), pool=ctx.pool,
                      state=state, step=step, sharding=sh)  # fmt: skip
-        params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-        out.append([p.detach().clone() for p in params])
+        out.append(full_params(model))
     return out
 
 

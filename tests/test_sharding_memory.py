@@ -55,17 +55,24 @@ def _greedy_per_mode(world: int):
     return batch, costs, [run_planner("greedy", batch, c).plan for c in costs]
 
 
+def _bf16_setup(ctx, plan_json: str, batch_dict: dict, mode: str):
+    """(plan, task, model, data, state, sharding) of one case: TinyLM MEM_CFG (seed 0),
+    parallelized and sharded in `mode` over the pool, bf16."""
+    plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+    torch.manual_seed(0)
+    model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
+    parallelize(model, state)
+    sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
+    data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+    return plan, task, model, data, state, sh
+
+
 def job_held_bytes(ctx, cases: list):
     """Per (plan JSON, batch dict, mode): two bf16 steps; held_bytes at step 2's peak (the
     optimizer state exists from step 1)."""
     out = []
-    for plan_json, batch_dict, mode in cases:
-        plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
-        torch.manual_seed(0)
-        model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
-        parallelize(model, state)
-        sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
-        data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+    for case in cases:
+        plan, task, model, data, state, sh = _bf16_setup(ctx, *case)
         seen: dict = {}
         for step in range(2):
             sh.probe = None
@@ -129,13 +136,8 @@ def job_collective_bytes(ctx, cases: list):
     try:
         for name, _, counted in patches:
             setattr(dist, name, counted)
-        for plan_json, batch_dict, mode in cases:
-            plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
-            torch.manual_seed(0)
-            model, state, task = TinyLM(MEM_CFG), SPState(), LMTask()
-            parallelize(model, state)
-            sh = shard(model, torch.optim.AdamW, mode=mode, pool=ctx.pool, task=task, dtype="bf16")
-            data = {s.id: torch.randint(64, (s.shape[0] + 1,)) for s in batch.sequences}
+        for case in cases:
+            plan, task, model, data, state, sh = _bf16_setup(ctx, *case)
             counts.clear()
             execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=0,
                          sharding=sh, check_plan=False)  # fmt: skip
