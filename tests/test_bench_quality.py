@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+
+from tests.scripts import load_script
 
 
 def _bench():
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_quality.py"
-    spec = importlib.util.spec_from_file_location("bench_quality", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_quality.py")
 
 
 def _rec(workload, seed, planner, step, bound=1.0, valid=True):

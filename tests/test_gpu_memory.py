@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -56,14 +58,9 @@ def test_the_kernel_check_catches_a_wrong_varlen_kernel():
     """The GPU script's first stage compares varlen with the reference path; checked on CPU
     with stand-ins: the reference itself in bf16 passes, a kernel that ignores causality
     or the window does not."""
-    import importlib.util
-
     from dcp_opt.runtime import attention as A
 
-    spec = importlib.util.spec_from_file_location("gpu_memory", SCRIPT)
-    gm = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_memory"] = gm  # its dataclasses look their module up
-    spec.loader.exec_module(gm)
+    gm = load_script(SCRIPT)
 
     def same(q, k, v, lengths, k_lengths, **opts):
         return A._reference_attention(q, k, v, lengths, k_lengths, softcap=None, sinks=None, **opts)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.scripts import load_script
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -62,13 +64,7 @@ def test_smoke_run_writes_loadable_presets(tmp_path):
 
 
 def _script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_preset", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_preset"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_bad_model_list_is_refused(capsys):

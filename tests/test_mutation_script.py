@@ -2,20 +2,16 @@
 exist (a renamed test file would break the nightly run silently), its equivalent-mutant list
 names modules it mutates, and its score is killed / (mutants - listed equivalents)."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("mutation", ROOT / "scripts" / "mutation.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutation"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/mutation.py")
 
 
 def test_every_module_and_test_selection_exists():

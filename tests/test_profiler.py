@@ -369,14 +369,9 @@ def test_cli_calibrate_world_stores_the_runtime_calibration(tmp_path, capsys):
 
 # ---- fidelity benchmark helpers --------------------------------------------------------
 def _bench():
-    import importlib.util
-    from pathlib import Path
+    from tests.scripts import load_script
 
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_fidelity.py"
-    spec = importlib.util.spec_from_file_location("bench_fidelity", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/bench_fidelity.py")
 
 
 def test_fidelity_cost_calibrates_grad_sync_and_link(tmp_path):

@@ -16,6 +16,7 @@ from dcp_opt.solvers import run_planner
 from dcp_opt import Batch, Cluster, CostModel, ModelSpec, simulate
 from dcp_opt.cost import SHARDING_MODES
 from dcp_opt.plan import Plan
+from tests.scripts import load_script
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
@@ -25,18 +26,7 @@ def workers(request):
     w.close()
 
 
-def _bench_memory():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parent.parent / "benchmarks" / "bench_memory.py"
-    spec = importlib.util.spec_from_file_location("bench_memory", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _bench_memory()
+BENCH = load_script("benchmarks/bench_memory.py")
 PROFILE = Path(__file__).parent.parent / "benchmarks" / "results" / "tiny_lm_bf16.profile.json"
 MEM_CFG = LMConfig(vocab_size=64, hidden=32, num_heads=4, num_layers=2, ffn_hidden=64)
 
