@@ -6,6 +6,7 @@ solution as a plan is solvers/rank_plan.py's."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -94,26 +95,27 @@ def _tree_value(sol, sync: float) -> float:
 
 def tree_solution(batch: Batch, cost: CostModel, max_pairs: int = tree_bound.MAX_PAIRS):
     """(solvers/tree_bound.TreeSolution, classes) of the all-integer relaxation, or None
-    where the recursion does not apply or the batch has too many distinct classes.
-    Memoised on the cost model like _data: cpsat asks for the plan and then the bound."""
-    key = ("tree_solution", batch.fingerprint(), max_pairs)
+    where the recursion does not apply or would visit more than `max_pairs` pairs a level.
+    Identical shapes have identical rows, so the pairs counted over shapes are at least
+    those over classes: a batch within the cap by shapes is solved whatever the cap, once
+    per batch and cost model (memoised like _data: greedy's candidate, cpsat's bound and the
+    stream bound ask for the same step with different caps)."""
+    if not tree_bound.applicable(cost):
+        return None
+    if tree_bound.pairs(Counter(seq.shape for seq in batch.sequences).values()) > max_pairs:
+        return None  # refused before any table
+    key = ("tree_solution", batch.fingerprint())
     found = cost._cache.get(key, key)  # None is a result: the key itself marks a miss
     if found is key:
-        found = cost._cache[key] = _tree_solution(batch, cost, max_pairs)
+        found = cost._cache[key] = _tree_solution(batch, cost)
     return found
 
 
-def _tree_solution(batch: Batch, cost: CostModel, max_pairs: int):
-    if not tree_bound.applicable(cost):
-        return None
-    # identical shapes have identical rows, so the pairs counted over shapes are at least
-    # those over classes: a batch of many distinct shapes is refused before any table
-    shapes = Counter(seq.shape for seq in batch.sequences).values()
-    if tree_bound.pairs(shapes) > max_pairs:
-        return None
+def _tree_solution(batch: Batch, cost: CostModel):
     dat = _data(batch, cost)
     cls = _classes(dat)
-    sol = tree_bound.solve(dat, cls, cost.cluster.num_gpus, max_pairs)
+    # the caller's cap held over shapes, so over the classes too: no second gate here
+    sol = tree_bound.solve(dat, cls, cost.cluster.num_gpus, max_pairs=math.inf)
     return None if sol is None else (sol, cls)
 
 
