@@ -8,15 +8,15 @@ workload's kind: 2D opensora-stdit3-xl, 1D llama-7b), every standard workload pl
 2d-imageheavy (the VideoSys benchmark mix: 98 % single images, a few long videos), at 2M-
 and 16M-token batches (seeded 0..batches-1, drawn as dcp_opt.workloads does): greedy and
 cpsat (default options: 0.2 s budget) plan the batch, and every simple-rule layout
-(solvers/greedy_rules.rule_plans: static degrees, fit-smallest, long-smallest, long-first,
+(solvers/greedy/rules.py rule_plans: static degrees, fit-smallest, long-smallest, long-first,
 none pruned) is simulated. Per model and workload it reports the median and worst gap to
 the tightest bound (analytic, the planners' own, and the packing-aware LP with 0.3 s),
 and the batches where a rule layout beats greedy or cpsat. Acceptance (issue 19): cpsat's
 median gap <= 5 % and worst <= 15 % on every model and workload; no batch where a rule wins.
 Batches where cpsat's gap is above --explain-above (8 %) are explained: cpsat again with
 --long-budget (10 s: what more search gains) and the rank-assignment bound
-(solvers/rank_bound.rank_bound, a certified MILP relaxation of every plan that sees the
-packing's granularity, the same budget) with its solution as a plan (solvers/rank_plan.py,
+(solvers/bounds/rank.py rank_bound, a certified MILP relaxation of every plan that sees the
+packing's granularity, the same budget) with its solution as a plan (solvers/bounds/rank_plan.py,
 "rank_plan_s": faster than cpsat means the planner is loose): "tight_bound_s" is the
 tightest certified bound, and the rows' gaps are to it (*_gap_plain_*: to the bound before
 explain).
@@ -42,11 +42,11 @@ import sys
 import time
 
 from dcp_opt.solvers import run_planner
+from dcp_opt.solvers.bounds.lp import lp_bound
+from dcp_opt.solvers.bounds.rank import rank_bound
+from dcp_opt.solvers.bounds.rank_plan import rank_plan
 from dcp_opt.solvers.common import finish
-from dcp_opt.solvers.greedy_rules import rule_plans
-from dcp_opt.solvers.lp_bound import lp_bound
-from dcp_opt.solvers.rank_bound import rank_bound
-from dcp_opt.solvers.rank_plan import rank_plan
+from dcp_opt.solvers.greedy.rules import rule_plans
 
 from dcp_opt import CostModel, cluster_preset, model_preset
 from dcp_opt.errors import InfeasibleError
@@ -93,10 +93,10 @@ def one_batch(batch, cost: CostModel) -> dict:
 
 def explain(batch, cost: CostModel, rec: dict, long_s: float) -> dict:
     """Where a gap comes from: cpsat with `long_s` seconds (what more search gains), the
-    rank-assignment bound (solvers/rank_bound.rank_bound, `long_s` of HiGHS): a certified
+    rank-assignment bound (solvers/bounds/rank.py rank_bound, `long_s` of HiGHS): a certified
     bound that sees the packing's granularity, so what it adds to the bound is looseness of
     the bound, not of the planner; and that relaxation's solution as a plan
-    (solvers/rank_plan.py): where it is faster than cpsat the planner is what is loose. (An exact CP-SAT solve of a reduced instance is no
+    (solvers/bounds/rank_plan.py): where it is faster than cpsat the planner is what is loose. (An exact CP-SAT solve of a reduced instance is no
     certificate here: its exact model runs on <= 16 GPUs and searches single-phase plans
     only, while a plan may have any number of phases.)"""
     long = run_planner("cpsat", batch, cost, time_limit_s=long_s)

@@ -6,8 +6,8 @@ the stream lower bound (issue 13, items 4-5).
 
 The stream: `--steps` x `--target` tokens drawn from the workload's distribution (seeded,
 dcp_opt.workloads.Workload.batch), in draw order. Each step is planned by the greedy planner
-(solvers/greedy.py); the epoch time is the sum of its predicted step times (each with its
-gradient sync). Bounds (solvers/stream_bound.py): `bound_fixed_s` for data order's steps
+(solvers/greedy/); the epoch time is the sum of its predicted step times (each with its
+gradient sync). Bounds (solvers/bounds/stream.py): `bound_fixed_s` for data order's steps
 (the sum of certified per-step bounds, max_shift = 0), `bound_movable_s` for any assignment to
 as many steps (max_shift > 0). Each row's `gap_fixed` is to the fixed bound of its own steps
 (data order's, or the steps the former formed: how close the plans are to the best plans of
@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 from dcp_opt.solvers import run_planner
-from dcp_opt.solvers.step_former import data_order_steps, form_steps_report
-from dcp_opt.solvers.stream_bound import stream_lower_bound
+from dcp_opt.solvers.bounds.stream import stream_lower_bound
+from dcp_opt.solvers.stream.step_former import data_order_steps, form_steps_report
 
 from dcp_opt import Batch, CostModel, cluster_preset, model_preset
 from dcp_opt.workloads import Workload

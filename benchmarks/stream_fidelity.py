@@ -80,7 +80,7 @@ def variants(cluster, data_path_s=DATA_PATH_S) -> dict[str, CostModel]:
 
 
 def ratios(epoch, cost, seed, yaml_bucket=False) -> dict[str, float]:
-    from dcp_opt.solvers.videosys_stream import yaml_bucket_sizes
+    from dcp_opt.solvers.baselines.videosys.stream import yaml_bucket_sizes
 
     tps = {}
     for m in METHODS:

@@ -7,7 +7,7 @@ The core (this package) is pure Python + numpy: no torch, no OR-Tools. Planners 
 from .batch import Batch, Sequence
 from .bounds import LowerBound, lower_bound
 from .build import make_plan
-from .cluster import CLUSTER_PRESETS, Cluster, cluster_preset
+from .cluster import Cluster
 from .cost import CostCoefficients, CostModel, Efficiency, flops_coefficients
 from .errors import DcpOptError, InfeasibleError, PlanFormatError
 from .model import MODEL_PRESETS, ModelSpec, model_preset
@@ -15,6 +15,7 @@ from .plan import Group, MicroBatch, Phase, Plan
 from .result import PlanResult
 from .simulate import SimResult, simulate
 from .table import SeqTable, seq_table
+from .topology.presets import CLUSTER_PRESETS, cluster_preset
 from .validate import InvalidPlanError, Violation, ensure_valid, validate
 from .workloads import STANDARD_WORKLOADS, Workload, load_batch, standard_batch
 

@@ -32,9 +32,7 @@ class LowerBound:
 
 def lower_bound(batch: Batch, cost: CostModel) -> LowerBound:
     key = ("lower_bound", batch.fingerprint())  # cached: every planner's finish() asks
-    if key not in cost._cache:
-        cost._cache[key] = _lower_bound(batch, cost)
-    return cost._cache[key]
+    return cost.memoised(key, lambda: _lower_bound(batch, cost))
 
 
 def _lower_bound(batch: Batch, cost: CostModel) -> LowerBound:

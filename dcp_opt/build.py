@@ -57,9 +57,10 @@ def cached_plan_fingerprint(batch: Batch, cost: CostModel) -> str:
         cost.grad_reduce_bytes_per_param,
     )
     key = ("plan_fingerprint", batch.fingerprint(), *ident)
-    if key not in cost._cache:
-        cost_key = ("cost_fingerprint", *ident)  # the same for every batch of a run
-        if cost_key not in cost._cache:
-            cost._cache[cost_key] = cost.fingerprint()
-        cost._cache[key] = combine_fingerprints(batch.fingerprint(), cost._cache[cost_key])
-    return cost._cache[key]
+    cost_key = ("cost_fingerprint", *ident)  # the same for every batch of a run
+    return cost.memoised(
+        key,
+        lambda: combine_fingerprints(
+            batch.fingerprint(), cost.memoised(cost_key, cost.fingerprint)
+        ),
+    )

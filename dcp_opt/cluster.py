@@ -169,6 +169,11 @@ class Cluster:
             raise DcpOptError(
                 f"degree: {degree} not allowed; allowed: {list(self.allowed_degrees)}"
             )
+        return self.aligned_starts(degree)
+
+    def aligned_starts(self, degree: int) -> tuple[int, ...]:
+        """placements() without the check that `degree` is allowed (validate() names a
+        misaligned group's legal starts even when its degree is refused too)."""
         return self._starts(degree)[0]
 
     def is_placement(self, start: int, degree: int) -> bool:
@@ -212,7 +217,7 @@ class Cluster:
         (the start itself where no period is claimed). CostModel's `spans_nodes` argument."""
         if self.topology is None:
             return self.spans_nodes(start, degree)
-        memo = self.topology._memo.setdefault("class", {})  # simulate asks once per group
+        memo = self.topology.cached("class", dict)  # simulate asks once per group
         found = memo.get((start, degree))
         if found is None:
             from .topology.comm import canonical_class
@@ -302,44 +307,3 @@ def _powers_of_two(limit: int) -> list[int]:
         out.append(p)
         p *= 2
     return out
-
-
-# Presets. Peak = dense bf16 tensor FLOP/s from the vendor data sheets; bandwidths are per-GPU
-# unidirectional: NVLink4 900 GB/s bidirectional -> ~450 GB/s one way (H100/H200); A100 NVLink3
-# 600 -> 300 GB/s; one 400 Gb/s NDR NIC per GPU -> 50 GB/s (A100 nodes: 200 Gb/s -> 25 GB/s).
-def _h200(nodes: int, name: str) -> Cluster:
-    return Cluster(name, nodes, 8, 141 * GB, 989e12, 450 * GB, 50 * GB)
-
-
-CLUSTER_PRESETS: dict[str, Cluster] = {
-    "h200x8": _h200(1, "h200x8"),
-    "h200x24": _h200(3, "h200x24"),
-    "h200x32": _h200(4, "h200x32"),
-    "h200x256": _h200(32, "h200x256"),
-    "h200x1024": _h200(128, "h200x1024"),
-    "h100x64": Cluster("h100x64", 8, 8, 80 * GB, 989e12, 450 * GB, 50 * GB),
-    "a100x16": Cluster("a100x16", 2, 8, 80 * GB, 312e12, 300 * GB, 25 * GB),
-}
-
-
-def cluster_preset(name: str) -> Cluster:
-    """A preset by name; `h200xN` for any N that is a multiple of 8 (or N <= 8) works too;
-    fabrics with a topology (dcp_opt.topology.presets: gb200-nvl72, h100-superpod, ...)."""
-    if name in CLUSTER_PRESETS:
-        return CLUSTER_PRESETS[name]
-    if name.startswith(("gb200-", "h100-", "h100x64-")):
-        from .topology.presets import topology_preset
-
-        found = topology_preset(name)
-        if found is not None:
-            return found
-    if name.startswith("h200x") and name[5:].isdigit():
-        n = int(name[5:])
-        if n >= 1 and (n <= 8 or n % 8 == 0):
-            nodes, per = (1, n) if n <= 8 else (n // 8, 8)
-            return Cluster(name, nodes, per, 141 * GB, 989e12, 450 * GB, 50 * GB)
-    raise DcpOptError(
-        f"cluster: unknown preset {name!r}; allowed: {sorted(CLUSTER_PRESETS)}, h200xN "
-        "(N <= 8 or a multiple of 8), gb200-nvl72, gb200-nvl72xN (N racks), h100-superpod, "
-        "h100-superpod-4n, h100-fattree-2to1, h100x64-fattree-2to1"
-    )

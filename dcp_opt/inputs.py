@@ -16,10 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, cluster_preset
+from .cluster import Cluster
 from .cost import CostModel
 from .errors import DcpOptError, loads_json
 from .model import ModelSpec, model_preset
+from .topology.presets import cluster_preset
 
 # A bigger cluster is a typo, and planning for it would not finish (batches scale with it).
 MAX_GPUS = 1 << 16

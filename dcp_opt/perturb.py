@@ -3,7 +3,7 @@
 Users plan with the cost model `dcp-opt profile` measures on their hardware and model; the
 planners were tuned on the preset. Each knob below moves one thing a measurement could show,
 within the range such a measurement could give, using the cost model's own knobs
-(dcp_opt/cost.py), so the simulator and the bounds charge it exactly as the planners see it:
+(dcp_opt/cost/), so the simulator and the bounds charge it exactly as the planners see it:
 
 | knob | range | what a measurement could show |
 |---|---|---|

@@ -9,7 +9,7 @@ A Plan is frozen and JSON-serialisable (docs/plan-format.md). Its meaning:
   the degree does not divide, starts aligned to a domain's start); a group with no
   micro-batches is idle in that phase;
 - a group runs one sequence-parallel kind (`kind`): "ulysses" (all-to-all over heads) or
-  "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cp_cost.py);
+  "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cost/cp.py);
 - a group processes its micro-batches in order (gradient accumulation); every micro-batch
   holds one or more whole sequences, sharded over the group's ranks, and recomputes the
   first `recompute_layers` layers in backward (pyramid checkpointing keeps the rest);
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import SHARDING_MODES
-from .cp_cost import SP_KINDS
+from .cost.cp import SP_KINDS
 from .errors import PlanFormatError, loads_json
 
 # 2: a group carries its SP kind ("kind"). Version 1 documents (no kind: every group
@@ -46,7 +46,7 @@ class Group:
     start_rank: int
     degree: int
     micro_batches: tuple[MicroBatch, ...] = ()
-    kind: str = "ulysses"  # the SP kind, one of cp_cost.SP_KINDS
+    kind: str = "ulysses"  # the SP kind, one of cost.cp.SP_KINDS
 
     @property
     def ranks(self) -> range:

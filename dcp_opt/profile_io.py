@@ -26,7 +26,7 @@ from typing import Any
 
 from .cluster import Cluster
 from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
-from .cp_cost import CPMeasurement
+from .cost.cp import CPMeasurement
 from .errors import DcpOptError, loads_json
 from .model import ModelSpec
 
@@ -326,7 +326,7 @@ def cost_model_from_profile(
     replaced by the profile's all-to-all measurement of its largest group size, or, when the
     profile has a runtime calibration with an in-situ all-to-all fit, by that fit; and cp
     groups inside a node pay the profile's measured all-gather and reduce-scatter
-    (`CostModel.cp_comm`, dcp_opt/cp_cost.py) when it has them (else the rates above).
+    (`CostModel.cp_comm`, dcp_opt/cost/cp.py) when it has them (else the rates above).
     A runtime calibration (`Profile.runtime`) is applied unless `use_runtime_calibration`
     is False; when the cluster has the calibrated world size and `grad_reduce_bytes_per_param`
     is not given, the gradient sync is set to the measured one. The calibration's knobs

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -132,21 +132,10 @@ class Recalibrator:
         """A CostModel whose micro-batch times carry the current factors."""
         base = cost.base if isinstance(cost, RecalibratedCostModel) else cost
         return RecalibratedCostModel(
-            **_cost_fields(base),
+            **base.init_fields(),
             degree_factors=self.degree_factors(),
             default_factor=self.factor(None),
         )
-
-
-def _cost_fields(cost: CostModel) -> dict:
-    """Every field a CostModel is built from (every knob included, so a recalibrated model
-    charges what its base charges), without the memo."""
-    out = {
-        f.name: getattr(cost, f.name) for f in fields(CostModel) if f.init and f.name != "_cache"
-    }
-    if cost._reduce_follows_mode:  # a sync volume left to the mode keeps following it
-        out["grad_reduce_bytes_per_param"] = None
-    return out
 
 
 @dataclass(frozen=True)
@@ -161,7 +150,7 @@ class RecalibratedCostModel(CostModel):
 
     @property
     def base(self) -> CostModel:
-        return CostModel(**_cost_fields(self))
+        return CostModel(**self.init_fields())
 
     def time_parts(self, feats, d: int, recompute_layers, **kw):
         f = self.factor(d)

@@ -101,16 +101,16 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
     n = cluster.num_gpus
     ready = [0.0] * n
     busy = [0.0] * n
-    peak = [cost.fixed_bytes()] * n
+    step = cost.step_costs()  # one question per step, one per phase below
+    peak = [step.fixed_bytes] * n
     out: list[Event] = []
     comm_total = rec_total = 0.0
-    feats = cost.batch_features(batch)  # cached rows; a micro-batch sums its members' rows
-    row = _rows(batch, cost)
     for p, phase in enumerate(plan.phases):
         groups = [g for g in phase.groups if g.micro_batches]
         if not groups:
             continue
-        c, r, m, mem, cuts = _phase_parts(groups, feats, row, cost)
+        pc = cost.phase_costs(groups, batch)
+        c, r, m, mem, cuts = pc.compute_s, pc.recompute_s, pc.comm_s, pc.memory_bytes, pc.cuts
         dur = (c + r + m).tolist()
         comm = np.add.reduceat(m, cuts[:-1]).tolist()
         rec = np.add.reduceat(r, cuts[:-1]).tolist()
@@ -131,118 +131,21 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
             busy[s : s + d] = [v + (t - t0) for v in busy[s : s + d]]
             ready[s : s + d] = [t] * d
     finish = max(ready) if n else 0.0
-    sync = cost.grad_sync_time()
-    coll = cost.step_collectives()
     busy_a = np.array(busy)
     return SimResult(
-        finish + sync,
+        finish + step.grad_sync_s,
         finish,
-        sync,
+        step.grad_sync_s,
         busy_a,
         finish - busy_a,
         np.array(peak),
         tuple(out),
         comm_total,
         rec_total,
-        coll,
-        _collective_seconds(coll, cost),
-        cost.closing_step_time(),
+        step.collectives,
+        step.collectives_s,
+        step.closing_step_s,
     )
-
-
-def _collective_seconds(coll: dict, cost: CostModel) -> float:
-    """Seconds of the step's collectives at the rate grad_sync_time uses (NIC across nodes)."""
-    c = cost.cluster
-    if c.num_gpus == 1:
-        return 0.0
-    bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
-    return sum(coll.values()) / bw
-
-
-def _rows(batch: Batch, cost: CostModel) -> dict[int, int]:
-    """Sequence id -> row of batch_features (cached with the features)."""
-    key = ("rows", batch.fingerprint())
-    if key not in cost._cache:
-        cost._cache[key] = {s.id: k for k, s in enumerate(batch.sequences)}
-    return cost._cache[key]
-
-
-def _phase_parts(groups, feats, row, cost: CostModel):
-    """(compute, recompute, comm, memory) of every micro-batch of a phase, in group order,
-    and the group boundaries: one feature sum for the phase, and one layer-time product per
-    kind of group (degree, node span, speed) on that kind's rows, as a per-kind cost call
-    would do, so the sums round the same; the rest is elementwise, one call for the phase."""
-    cluster = cost.cluster
-    mbs = [mb for g in groups for mb in g.micro_batches]
-    idx = [row[s] for mb in mbs for s in mb.sequence_ids]
-    starts = np.cumsum([0] + [len(mb.sequence_ids) for mb in mbs[:-1]])
-    f = np.add.reduceat(feats[idx], starts, axis=0)
-    rec = np.array([mb.recompute_layers for mb in mbs])
-    sizes = [len(g.micro_batches) for g in groups]
-    cuts = np.cumsum([0] + sizes)
-    kinds: dict[tuple, int] = {}
-    kind_of = [
-        kinds.setdefault(
-            (
-                g.degree,
-                cluster.comm_class(g.start_rank, g.degree),  # node span, or placement
-                cluster.group_speed(g.start_rank, g.degree),
-                g.kind,  # the SP kind (cp_cost)
-            ),
-            len(kinds),
-        )
-        for g in groups
-    ]
-    kind_mb = np.repeat(kind_of, sizes)  # the kind of each micro-batch's group
-    if not cost.takes_degree_vectors:  # a subclass reprices time per degree: call per kind
-        return (*_parts_per_kind(kinds, kind_mb, f, rec, cost), cuts)
-    fwd, bwd = np.empty(len(mbs)), np.empty(len(mbs))
-    for (d, _, _, sp), kid in kinds.items():
-        sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
-        fwd[sel], bwd[sel] = cost.layer_times(f[sel], d, **_kw(sp))
-    d, spans, speed, sp = (_per_mb(col, kind_mb) for col in zip(*kinds, strict=True))
-    tokens = f[:, -2]
-    if not isinstance(sp, str):  # groups of both SP kinds in the phase: one call per kind
-        return (*_parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost), cuts)
-    kw = _kw(sp)
-    c, r, m = cost.time_parts_from(fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed, **kw)
-    return c, r, m, cost.memory(tokens, d, rec, **kw), cuts
-
-
-def _kw(sp: str) -> dict:
-    """The cost calls' `kind` argument: none for Ulysses (the calls as before the kind)."""
-    return {} if sp == "ulysses" else {"kind": sp}
-
-
-def _parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost: CostModel):
-    """time_parts_from and memory of a phase whose groups mix SP kinds, one call per kind."""
-    parts = np.empty((4, len(tokens)))
-    for k in set(sp.tolist()):
-        sel = np.flatnonzero(sp == k)
-        d_, sp_, sd_ = (x[sel] if np.ndim(x) else x for x in (d, spans, speed))
-        c, r, m = cost.time_parts_from(
-            fwd[sel], bwd[sel], tokens[sel], d_, rec[sel], spans_nodes=sp_, speed=sd_, kind=k
-        )
-        parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
-        parts[3, sel] = cost.memory(tokens[sel], d_, rec[sel], k)
-    return parts[0], parts[1], parts[2], parts[3]
-
-
-def _per_mb(values: tuple, kind_mb: np.ndarray):
-    """One value per micro-batch from one per kind; a scalar where every kind has the same
-    (fewer numpy passes: no division by a speed of 1, no node-spanning share)."""
-    return values[0] if len(set(values)) == 1 else np.array(values)[kind_mb]
-
-
-def _parts_per_kind(kinds: dict, kind_mb, f, rec, cost: CostModel):
-    parts = np.empty((4, len(f)))
-    for (d, spans, speed, sp), kid in kinds.items():
-        sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
-        kw = _kw(sp)
-        c, r, m = cost.time_parts(f[sel], d, rec[sel], spans_nodes=spans, speed=speed, **kw)
-        parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
-        parts[3, sel] = cost.memory(f[sel, -2], d, rec[sel], **kw)
-    return parts[0], parts[1], parts[2], parts[3]
 
 
 def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:

@@ -29,7 +29,7 @@ class SeqTable:
     # (n, D) index into cost.sp_kinds of the kind whose time `time` is (None: Ulysses only).
     # With several kinds every time column is the least over the kinds (so bounds from the
     # table hold for plans of any kind) and r_min the fewest layers over them (Ulysses': cp
-    # holds more, cp_cost), a valid recompute for a Ulysses group.
+    # holds more, dcp_opt/cost/cp.py), a valid recompute for a Ulysses group.
     kind: np.ndarray | None = None
 
     @property
@@ -68,14 +68,9 @@ def one_price_per_degree(cluster) -> bool:
 
 def _table(batch: Batch, cost: CostModel, worst: bool) -> SeqTable:
     key = ("plan_table" if worst else "table", batch.fingerprint())
-    if key in cost._cache:
-        return cost._cache[key]
     if len(cost.sp_kinds) > 1:
-        cost._cache[key] = _least_over_kinds(batch, cost, worst)
-        return cost._cache[key]
-    out = _kind_table(batch, cost, "ulysses", worst)
-    cost._cache[key] = out
-    return out
+        return cost.memoised(key, lambda: _least_over_kinds(batch, cost, worst))
+    return cost.memoised(key, lambda: _kind_table(batch, cost, "ulysses", worst))
 
 
 def _least_over_kinds(batch: Batch, cost: CostModel, worst: bool = False) -> SeqTable:

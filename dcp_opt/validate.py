@@ -97,7 +97,7 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
                 continue
             if c.topology is not None:  # aligned to the start of its domain (placements())
                 if not c.is_placement(g.start_rank, g.degree):
-                    ok = _short(list(c._starts(g.degree)[0]))
+                    ok = _short(list(c.aligned_starts(g.degree)))
                     out.append(
                         Violation(
                             "MISALIGNED",
@@ -190,10 +190,8 @@ def _check_memory(blocks: list, batch: Batch, cost: CostModel) -> list[Violation
     rec = np.array([mb.recompute_layers for mb in mbs])
     deg = np.repeat([g.degree for _, g, _ in blocks], counts)
     cap = np.repeat([cost.capacity(g.start_rank, g.degree) for _, g, _ in blocks], counts)
-    need = cost.memory(tokens, deg, rec)
-    cp = np.repeat([g.kind == "cp" for _, g, _ in blocks], counts)
-    if cp.any() and "cp" in cost.sp_kinds:  # else BAD_KIND says it already
-        need = np.where(cp, cost.memory(tokens, deg, rec, "cp"), need)
+    kinds = np.repeat([g.kind for _, g, _ in blocks], counts)
+    need = cost.micro_batch_memory(tokens, deg, rec, kinds)  # a kind not offered: BAD_KIND
     over = np.flatnonzero(need > cap * (1 + 1e-9)).tolist()
     if not over:
         return []

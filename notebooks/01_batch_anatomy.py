@@ -20,7 +20,7 @@
 # - **bucket**: bucket parallel as published in VideoSys: one SP degree (4) for every
 #   sequence, per-bucket batch sizes from the emulated profile, every layer recomputed;
 # - **dcp_inter_pac**: the published DCP-inter with pyramid activation checkpointing,
-#   emulated under our cost model (`solvers/videosys.py`);
+#   emulated under our cost model (`solvers/baselines/videosys/methods.py`);
 # - **best**: the fastest of the other planners built in this checkout (greedy, CP-SAT, ...).
 #
 # For each plan: a Gantt chart (one row per rank: compute, recompute, all-to-all, idle, the
@@ -188,7 +188,7 @@ for name, res in results.items():
 #   micro-batches so that groups finish together; PAC recomputes only as many layers as memory
 #   requires per bucket. It balances within the published heuristics: its GA objective does not
 #   weigh groups by width, and one global batch is often too small for its chains
-#   (`solvers/videosys.py`, point 4), so later phases leave ranks idle.
+#   (`solvers/baselines/videosys/methods.py`, point 4), so later phases leave ranks idle.
 # - **the best planner** chooses degree, packing and recompute per sequence for this batch,
 #   so groups finish together and recompute is spent only where memory requires it.
 # - The speedups printed below are per batch in the one-batch framing (see the top): a

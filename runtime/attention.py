@@ -31,7 +31,7 @@ should follow the kernel in use; bytes per token per layer besides q, k, v thems
   torch.autograd.graph.saved_tensors_hooks on torch 2.13 CPU. Same per-token bytes as
   varlen. A masked call (windowed sequence longer than its window, non-contiguous segment
   ids) also saves the mask as a float [s, s] tensor.
-- reference with softcap or sinks: an explicit softmax (`_attend`) that saves the scores
+- reference with softcap or sinks: an explicit softmax (`attend`) that saves the scores
   and probabilities, [H, s, s] each per sequence: quadratic, not per token.
 """
 
@@ -141,7 +141,7 @@ def packed_attention(
         q.device.type, q.dtype, head_dim=q.shape[-1], softcap=softcap, sinks=sinks
     )
     if kernel == "varlen":
-        return _varlen_attention(
+        return varlen_attention(
             q, k, v, lengths, k_lengths, causal=causal, scale=scale, window=window
         )
     opts = {"causal": causal, "scale": scale, "window": window, "softcap": softcap, "sinks": sinks}
@@ -192,7 +192,7 @@ def _offsets(lengths: Sequence[int], device) -> torch.Tensor:
     )
 
 
-def _varlen_attention(q, k, v, lengths, k_lengths, *, causal, scale, window):
+def varlen_attention(q, k, v, lengths, k_lengths, *, causal, scale, window):
     """Every sequence in one varlen call; kv heads as they are (enable_gqa)."""
     from torch.nn.attention.varlen import varlen_attn
 
@@ -243,7 +243,7 @@ def _rows(starts: list[int], seqs: list[int], length: int, device) -> torch.Tens
     return (first[:, None] + torch.arange(length, device=device)).reshape(-1)
 
 
-def _visible(pos_q, pos_k, same, *, causal: bool, window: int | None) -> torch.Tensor:
+def visible(pos_q, pos_k, same, *, causal: bool, window: int | None) -> torch.Tensor:
     """[Tq, Tk] bool: which keys each query may attend to, from in-sequence positions."""
     mask = same
     if causal:
@@ -263,11 +263,11 @@ def _one_shape(q4, k4, v4, *, causal, scale, window, softcap, sinks):
         )
     pos_q, pos_k = torch.arange(a, device=q4.device), torch.arange(b, device=q4.device)
     same = torch.ones(a, b, dtype=torch.bool, device=q4.device)
-    mask = _visible(pos_q, pos_k, same, causal=causal, window=window)
-    return _attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)
+    mask = visible(pos_q, pos_k, same, causal=causal, window=window)
+    return attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)
 
 
-def _attend(q4, k4, v4, mask, *, scale, softcap, sinks):
+def attend(q4, k4, v4, mask, *, scale, softcap, sinks):
     """[B, H, Tq, Dh] attention to [B, H_kv, Tk, Dh] under a bool mask [Tq, Tk]; fused
     (native GQA) unless softcap or sinks, where kv heads are repeated for the explicit
     softmax."""
@@ -302,7 +302,7 @@ def _masked_segment_attention(
     same = segments[:, None] == segments[None, :]
     # position of each token among the earlier tokens of its own segment
     pos = (same.tril().sum(dim=1) - 1) if window is not None else torch.arange(t, device=q.device)
-    mask = _visible(pos, pos, same, causal=causal, window=window)
+    mask = visible(pos, pos, same, causal=causal, window=window)
     q4, k4, v4 = (x.transpose(0, 1)[None] for x in (q, k, v))
-    out = _attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)
+    out = attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)
     return out[0].transpose(0, 1)

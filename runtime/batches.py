@@ -20,7 +20,7 @@ from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Plan
 
 
-def _shape(i: int, size) -> tuple[int, ...]:
+def sample_shape(i: int, size) -> tuple[int, ...]:
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         shape = (int(size),)
     elif isinstance(size, (tuple, list)) and len(size) in (1, 3):
@@ -113,7 +113,7 @@ class PlannedBatch:
         )
 
 
-class _PlanAhead:
+class PlanAhead:
     """A daemon thread that plans batches in order, at most `depth` ahead of the consumer."""
 
     def __init__(self, jobs: list, plan_fn: Callable, depth: int):
@@ -150,7 +150,7 @@ class _PlanAhead:
         self._thread.join(timeout=5)
 
 
-def _run_planner(name: str, batch: Batch, cost: CostModel, options: dict):
+def run_batch_planner(name: str, batch: Batch, cost: CostModel, options: dict):
     from dcp_opt.solvers import run_planner  # public entry; imported on use (OR-Tools is heavy)
 
     t0 = time.perf_counter()
@@ -159,7 +159,7 @@ def _run_planner(name: str, batch: Batch, cost: CostModel, options: dict):
     return result
 
 
-def _rank_world(rank, world_size, group) -> tuple[int, int]:
+def rank_world(rank, world_size, group) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         return rank, world_size
     import torch.distributed as dist
@@ -169,7 +169,7 @@ def _rank_world(rank, world_size, group) -> tuple[int, int]:
     return (rank or 0), (world_size or 1)
 
 
-def _global_src(group) -> int:
+def global_src(group) -> int:
     if group is None:
         return 0
     import torch.distributed as dist

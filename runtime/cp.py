@@ -1,5 +1,5 @@
 """Context parallelism (the plan's `cp` groups) for 1D models: all-gather-KV attention with
-causal head-tail chunks (cost model: dcp_opt/cp_cost.py).
+causal head-tail chunks (cost model: dcp_opt/cost/cp.py).
 
 Layout. Each packed sequence is cut into 2d chunks (sizes differ by at most one token) and
 member i holds chunks i and 2d-1-i of every sequence (head-tail / zigzag, Megatron-Core context
@@ -13,7 +13,7 @@ sequence: at most 2 per sequence) to the keys of that sequence only, up to the c
 c queries at the end of a p-key prefix, causal aligned bottom-right (query i of the chunk sees
 keys <= p - c + i; FlashAttention >= 2.1's semantics for unequal lengths). No mask over the
 whole stream is built, so what attention keeps for backward is the gathered K/V plus per local
-token output and logsumexp, what dcp_opt/cp_cost.py charges (docs/cost-model.md, cp). The
+token output and logsumexp, what dcp_opt/cost/cp.py charges (docs/cost-model.md, cp). The
 result equals single-device attention over each sequence. The gather's backward is a
 reduce-scatter of dK, dV: every member's gradient for the gathered buffer is summed at the
 member that owns each token (written as an all-to-all and a sum in member order, which gloo
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .attention import _attend, _varlen_attention, _visible, choose_kernel
+from .attention import attend, choose_kernel, varlen_attention, visible
 from .sp import SPGroup, pad_dim, shard_bounds
 
 PAD = {"tokens": 0, "labels": -100, "positions": 0, "segments": -1, "weights": 0.0}
@@ -204,7 +204,7 @@ def _chunk_mask(c: int, n: int, window: int | None, device) -> torch.Tensor:
     window w only those with j > n - c + i - w (transformers' sliding window)."""
     pos_q = torch.arange(n - c, n, device=device)
     same = torch.ones(c, n, dtype=torch.bool, device=device)
-    return _visible(pos_q, torch.arange(n, device=device), same, causal=True, window=window)
+    return visible(pos_q, torch.arange(n, device=device), same, causal=True, window=window)
 
 
 def _attend_chunk(q, k, v, *, kernel, scale, window, softcap, sinks):
@@ -215,7 +215,7 @@ def _attend_chunk(q, k, v, *, kernel, scale, window, softcap, sinks):
         s = q.shape[-1] ** -0.5 if scale is None else scale
         return _PrefixCausal.apply(q4, k4, v4, s)[0].transpose(0, 1)
     mask = _chunk_mask(c, n, window, q.device)
-    return _attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)[0].transpose(0, 1)
+    return attend(q4, k4, v4, mask, scale=scale, softcap=softcap, sinks=sinks)[0].transpose(0, 1)
 
 
 def cp_attention(
@@ -239,7 +239,7 @@ def cp_attention(
     read (kept for the callers). Padding attends to earlier padding only."""
     kv_heads = k.shape[1]
     # one call for K and V; rows in stream order. kv heads stay unrepeated (native GQA in
-    # every kernel), so backward keeps the gathered K/V at kv_heads (cp_cost.extra_act_bytes)
+    # every kernel), so backward keeps the gathered K/V at kv_heads (cost.cp.extra_act_bytes)
     kv = gather_tokens(torch.cat([k, v], dim=1), sp, layout.reshape(-1).to(q.device))
     chunks = local_chunks(layout, segments, sp.rank)
     kernel = chunk_kernel(q, window=window, softcap=softcap, sinks=sinks)
@@ -269,7 +269,7 @@ def _varlen_chunks(q, kv, kv_heads, chunks, *, scale, window):
     key sequence i its key range (copied out of the stream-ordered buffer: the head and tail
     chunks' ranges overlap, about 1/(2d) more keys than the buffer); FlashAttention >= 2.1
     aligns causality bottom-right when a sequence has more keys than queries. Not run here
-    (no GPU); its arguments are attention._varlen_attention's."""
+    (no GPU); its arguments are attention.varlen_attention's."""
     rows, lengths, k_lengths = [], [], []
     for _, c, start, p in chunks:
         lo = _key_range(c, p, window)
@@ -278,7 +278,7 @@ def _varlen_chunks(q, kv, kv_heads, chunks, *, scale, window):
         k_lengths.append(p - lo)
     keys = kv.index_select(0, torch.cat(rows))
     k, v = keys[:, :kv_heads], keys[:, kv_heads:]
-    return _varlen_attention(q, k, v, lengths, k_lengths, causal=True, scale=scale, window=window)
+    return varlen_attention(q, k, v, lengths, k_lengths, causal=True, scale=scale, window=window)
 
 
 def shard_for_group(pack, samples, kind: str, state) -> dict:

@@ -57,15 +57,15 @@ from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Plan
 
 from .batches import (  # PlannedBatch, form_batches, local_ids: importable from here too
+    PlanAhead,
     PlannedBatch,
-    _global_src,
-    _PlanAhead,
-    _rank_world,
-    _run_planner,
-    _shape,
     default_planner,
     form_batches,
+    global_src,
     local_ids,
+    rank_world,
+    run_batch_planner,
+    sample_shape,
 )
 
 AGREE_MODES = ("broadcast", "deterministic")
@@ -123,7 +123,7 @@ class DcpBatchSampler(Sampler[list[int]]):
         if agree not in AGREE_MODES:
             raise DcpOptError(f"agree: {agree!r} not allowed; allowed: {list(AGREE_MODES)}")
         self.cost, self.agree, self.group = cost, agree, group
-        self.rank, self.world_size = _rank_world(rank, world_size, group)
+        self.rank, self.world_size = rank_world(rank, world_size, group)
         if cost.cluster.num_gpus != self.world_size:
             raise DcpOptError(
                 f"cost.cluster: {cost.cluster.num_gpus} ranks but the world has "
@@ -133,7 +133,7 @@ class DcpBatchSampler(Sampler[list[int]]):
             raise DcpOptError("num_samples: required when sizes is a callable")
         count = num_samples if callable(sizes) else len(sizes)
         get = sizes if callable(sizes) else sizes.__getitem__
-        self.shapes = [_shape(i, get(i)) for i in range(count)]
+        self.shapes = [sample_shape(i, get(i)) for i in range(count)]
         self.batch_size, self.max_tokens = batch_size, max_tokens
         self.shuffle, self.seed, self.drop_last, self.prefetch = shuffle, seed, drop_last, prefetch
         self.planner = default_planner() if planner == "auto" else planner
@@ -197,7 +197,9 @@ class DcpBatchSampler(Sampler[list[int]]):
 
     def plan_batch(self, ids: Sequence[int]) -> tuple[str, dict]:
         """Plan one global batch: (plan JSON, planner summary). Raises if no valid plan."""
-        result = _run_planner(self.planner, self.make_batch(ids), self.cost, self.planner_options)
+        result = run_batch_planner(
+            self.planner, self.make_batch(ids), self.cost, self.planner_options
+        )
         if not result.ok:
             raise DcpOptError(
                 f"planner {self.planner!r}: no plan for a batch of {len(ids)} sequences "
@@ -210,7 +212,7 @@ class DcpBatchSampler(Sampler[list[int]]):
     def _plans_here(self) -> bool:
         return self.agree == "deterministic" or self.rank == 0
 
-    def _agree(self, ahead: _PlanAhead | None, epoch: int, index: int) -> tuple[Plan, dict]:
+    def _agree(self, ahead: PlanAhead | None, epoch: int, index: int) -> tuple[Plan, dict]:
         mine = None
         if ahead is not None:
             try:
@@ -221,7 +223,7 @@ class DcpBatchSampler(Sampler[list[int]]):
             import torch.distributed as dist
 
             box = [mine]
-            dist.broadcast_object_list(box, src=_global_src(self.group), group=self._channel)
+            dist.broadcast_object_list(box, src=global_src(self.group), group=self._channel)
             mine = box[0]
         got_epoch, got_index, text, summary = mine
         if (got_epoch, got_index) != (epoch, index):
@@ -241,7 +243,7 @@ class DcpBatchSampler(Sampler[list[int]]):
         jobs = self.batches()[start:]
         ahead = None
         if jobs and self._plans_here():
-            ahead = _PlanAhead(jobs, self.plan_batch, self.prefetch)
+            ahead = PlanAhead(jobs, self.plan_batch, self.prefetch)
         try:
             for k, ids in enumerate(jobs, start):
                 plan, summary = self._agree(ahead, epoch, k)

@@ -48,7 +48,7 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
 )
 from .parallelize import SPState
 from .sp import pad_dim, ulysses_attention
-from .tasks import LMTask, _token_weight
+from .tasks import LMTask, token_weight
 
 ATTN_NAME = "dcp_ulysses"
 
@@ -261,7 +261,7 @@ class HFCausalLMTask:
             use_cache=False,
         )
         ce = F.cross_entropy(out.logits[0], sample[1:].to(device), reduction="sum")
-        return ce * _token_weight(kind, n)
+        return ce * token_weight(kind, n)
 
 
 def tiny_llama(

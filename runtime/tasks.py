@@ -36,7 +36,7 @@ def seeded_generator(
     return g
 
 
-def _token_weight(kind: str, length: int) -> float:
+def token_weight(kind: str, length: int) -> float:
     if kind == "tokens":
         return 1.0
     if kind == "samples":
@@ -60,7 +60,7 @@ class LMTask:
             cols["labels"].append(s[1:])
             cols["positions"].append(torch.arange(n))
             cols["segments"].append(torch.full((n,), i))
-            cols["weights"].append(torch.full((n,), _token_weight(kind, n), dtype=torch.float64))
+            cols["weights"].append(torch.full((n,), token_weight(kind, n), dtype=torch.float64))
         total = sum(x.shape[0] for x in cols["tokens"])
         size, _, _ = shard_bounds(total, degree, 0)
         pad = {"tokens": 0, "labels": IGNORE, "positions": 0, "segments": -1, "weights": 0.0}
@@ -86,7 +86,7 @@ class LMTask:
         sample = sample.to(dev)
         pos = torch.arange(n, device=dev)
         logits = model(sample[:-1], pos, torch.zeros_like(pos))
-        return F.cross_entropy(logits, sample[1:], reduction="sum") * _token_weight(kind, n)
+        return F.cross_entropy(logits, sample[1:], reduction="sum") * token_weight(kind, n)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class DiffusionTask:
             f_pad, lo, hi = shard_bounds(num_f, sp.degree, sp.rank)
             xs.append(pad_dim(xt, 0, f_pad)[lo:hi].reshape(-1, c))
             targets.append(pad_dim(eps, 0, f_pad)[lo:hi].reshape(-1, c))
-            weight = _token_weight(kind, num_f * num_s)
+            weight = token_weight(kind, num_f * num_s)
             weights.append(torch.full(((hi - lo) * num_s,), weight, dtype=torch.float64))
         ts = torch.stack([t for t, _, _ in drawn]).to(dev)
         out = model(torch.cat(xs).to(dev), ts, torch.cat(texts).to(dev), layout)
@@ -142,4 +142,4 @@ class DiffusionTask:
         t, eps, xt = (x.to(dev) for x in self.noise(sample, step, sequence_id))
         out = model(xt, t, sample["text"].to(dev))
         per_token = ((out - eps) ** 2).mean(-1)
-        return per_token.sum() * _token_weight(kind, per_token.numel())
+        return per_token.sum() * token_weight(kind, per_token.numel())

@@ -4,27 +4,35 @@
 
 `get_planner(name)` imports lazily, so listing planners costs nothing and a planner's
 dependencies (OR-Tools for cpsat) load only when it is used.
+
+The package by concern: `baselines/` (the methods users run instead: static layouts,
+the VideoSys methods with their profile stage and stream samplers, Megatron's dynamic CP,
+verl), `greedy/` and `cpsat/` (the project's planners), `bounds/` (the certified lower
+bounds: LP, rank relaxation, tree recursion, stream), `stream/` (over a stream of batches:
+the step former, planning ahead), with `common.py` (every planner's shared tail) and
+`kinds.py` (each group's SP kind) beside this registry.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 
 from dcp_opt.errors import DcpOptError, check_planner_options
 
 # name -> "module:function" inside dcp_opt.solvers
 PLANNERS: dict[str, str] = {
-    "bucket": "baselines:plan_bucket",
-    "static_tuned": "baselines:plan_static_tuned",
-    "packed": "baselines:plan_packed",
-    "dcp_intra": "videosys:plan_dcp_intra",
-    "dcp_inter": "videosys:plan_dcp_inter",
-    "dcp_inter_pac": "videosys:plan_dcp_inter_pac",
-    "greedy": "greedy:plan_greedy",
-    "cpsat": "cpsat:plan_cpsat",
-    "megatron_dynamic_cp": "megatron_cp:plan_megatron_dynamic_cp",
-    "verl_balanced": "verl:plan_verl_balanced",
+    "bucket": "baselines.static:plan_bucket",
+    "static_tuned": "baselines.static:plan_static_tuned",
+    "packed": "baselines.static:plan_packed",
+    "dcp_intra": "baselines.videosys.methods:plan_dcp_intra",
+    "dcp_inter": "baselines.videosys.methods:plan_dcp_inter",
+    "dcp_inter_pac": "baselines.videosys.methods:plan_dcp_inter_pac",
+    "greedy": "greedy.plan:plan_greedy",
+    "cpsat": "cpsat.plan:plan_cpsat",
+    "megatron_dynamic_cp": "baselines.megatron:plan_megatron_dynamic_cp",
+    "verl_balanced": "baselines.verl:plan_verl_balanced",
 }
 
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")
@@ -67,12 +75,12 @@ def run_planner(name: str, batch, cost, **options):
 
 
 # Stream tools (issue 13), loaded on first use like the planners: the step former and the
-# stream lower bound (solvers/step_former.py, solvers/stream_bound.py).
+# stream lower bound (solvers/stream/step_former.py, solvers/bounds/stream.py).
 STREAM_TOOLS: dict[str, str] = {
-    "data_order_steps": "step_former",
-    "form_steps": "step_former",
-    "form_steps_report": "step_former",
-    "stream_lower_bound": "stream_bound",
+    "data_order_steps": "stream.step_former",
+    "form_steps": "stream.step_former",
+    "form_steps_report": "stream.step_former",
+    "stream_lower_bound": "bounds.stream",
 }
 
 

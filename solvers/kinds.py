@@ -2,7 +2,7 @@
 
 A planner's groups come as Ulysses groups; `choose_kinds` then gives each group of degree > 1
 the kind under which its micro-batches take the least time, each at the fewest recomputed
-layers that fit under that kind (cp holds the gathered K/V: dcp_opt/cp_cost.py). A group
+layers that fit under that kind (cp holds the gathered K/V: dcp_opt/cost/cp.py). A group
 turns to cp only when that is faster by more than rounding, so no group's time grows; and the
 step time of a plan is non-decreasing in its groups' times (a group starts when its ranks
 are free: max and + only, dcp_opt/simulate.py), so the plan is never slower than its
@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+from dcp_opt.solvers.common import finish
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
-
-from .common import finish
 
 # cp must win by more than this share: sums of the same terms in another order round apart
 MARGIN = 1e-9

@@ -188,7 +188,9 @@ def flops_costs(draw, max_gpus: int = 64, kind: str | None = None, mixed=None) -
     sharding = draw(st.sampled_from(SHARDING_MODES))
     frac = draw(st.sampled_from([0.7, 0.9, 1.0]))
     cost = CostModel(model, cluster, optimizer_sharding=sharding, usable_memory_fraction=frac)
-    if model.kind == "1d" and draw(BOOLS):  # planners may give groups either SP kind (cp_cost)
+    if model.kind == "1d" and draw(
+        BOOLS
+    ):  # planners may give groups either SP kind (dcp_opt/cost/cp.py)
         cost = cost.with_(sp_kinds=("ulysses", "cp"))
     return with_headroom(cost, draw(st.sampled_from([1.05, 1.5, 3.0])))
 

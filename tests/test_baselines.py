@@ -12,16 +12,16 @@ import math
 import numpy as np
 import pytest
 from dcp_opt.solvers import BASELINES, run_planner
-from dcp_opt.solvers.baselines import first_fit_decreasing, lpt
-from dcp_opt.solvers.videosys import (
-    _pick_sp,
-    _Pool,
-    _pop_overflow,
-    _rebalance_bs,
-    _retune,
+from dcp_opt.solvers.baselines.static import first_fit_decreasing, lpt
+from dcp_opt.solvers.baselines.videosys.profile import emulate_profile, pac_recompute
+from dcp_opt.solvers.baselines.videosys.sampler import (
+    Pool,
     ga_solve,
+    pick_sp,
+    pop_overflow,
+    rebalance_bs,
+    retune,
 )
-from dcp_opt.solvers.videosys_profile import emulate_profile, pac_recompute
 
 from dcp_opt import Batch, Cluster, CostModel, cluster_preset, model_preset, standard_batch
 from dcp_opt.validate import validate
@@ -104,11 +104,11 @@ def test_biased_sp_pick_reproduces_the_published_bug():
     # compares the draw with each probability, so sizes 2 and 4 are never drawn and the last
     # size takes the rest: [0.6, 0, 0, 0.4] (research/videosys_dcp.md sec. 6.A1).
     rng = np.random.default_rng(0)
-    draws = [_pick_sp([1, 2, 4, 8], [15, 5, 3, 2], rng, True) for _ in range(4000)]
+    draws = [pick_sp([1, 2, 4, 8], [15, 5, 3, 2], rng, True) for _ in range(4000)]
     share = {s: draws.count(s) / len(draws) for s in (1, 2, 4, 8)}
     assert share[2] == 0 and share[4] == 0
     assert abs(share[1] - 0.6) < 0.03 and abs(share[8] - 0.4) < 0.03
-    fair = [_pick_sp([1, 2, 4, 8], [15, 5, 3, 2], rng, False) for _ in range(4000)]
+    fair = [pick_sp([1, 2, 4, 8], [15, 5, 3, 2], rng, False) for _ in range(4000)]
     assert abs(fair.count(2) / 4000 - 0.2) < 0.03
 
 
@@ -284,22 +284,22 @@ def test_dcp_intra_retune_pop_and_rebalance_by_hand():
     batch = Batch.from_lengths([2] * 20 + [6] * 2)
     prof = emulate_profile(batch, cost, "intra")
     assert [(p.best.sp, p.best.bs) for p in prof] == [(1, 2), (1, 1)]
-    pool = _Pool(prof, np.random.default_rng(0))
+    pool = Pool(prof, np.random.default_rng(0))
     pool.left = [18, 1]  # the fill gave A two samples and B one
     step = [[0, 1, 2], [1, 1, 1]]
-    frozen = _retune(step, pool, 4, keep_last=False)
+    frozen = retune(step, pool, 4, keep_last=False)
     # t_min = 32.5 (A). B: sp 1 -> bs 1, |48.5 - 32.5| = 16; sp 2 -> bs round(1.34) = 1,
     # |24.25 - 32.5| = 8.25 (better); sp 4 -> bs min(round(2.68), 1 + 1) = 2, 24.25: not better.
     assert step == [[0, 1, 2], [1, 2, 1]] and frozen == [False, False]
-    step, frozen = _pop_overflow(step, frozen, pool, 4)  # 2 + 1 <= 4 GPUs: nothing popped
+    step, frozen = pop_overflow(step, frozen, pool, 4)  # 2 + 1 <= 4 GPUs: nothing popped
     assert step == [[1, 2, 1], [0, 1, 2]]
     # (e) capacity: A 16.25 * min(2, 2 + 18) = 32.5, B 24.25 * min(2, 1 + 1) = 48.5 -> 32.5.
     # B (24.25) grows by floor(8.25 / 24.25) = 0; A is at the cap. Nothing changes.
-    _rebalance_bs(step, frozen, pool)
+    rebalance_bs(step, frozen, pool)
     assert step == [[1, 2, 1], [0, 1, 2]] and pool.left == [18, 1]
     # Popping: four groups on 4 GPUs after B widened to 2 -> the smallest is returned.
     pool.left = [14, 1]
-    step, _ = _pop_overflow([[0, 1, 2], [1, 2, 1], [0, 1, 2], [0, 1, 2]], [False] * 4, pool, 4)
+    step, _ = pop_overflow([[0, 1, 2], [1, 2, 1], [0, 1, 2], [0, 1, 2]], [False] * 4, pool, 4)
     assert step == [[1, 2, 1], [0, 1, 2], [0, 1, 2]] and pool.left == [16, 1]
 
 

@@ -1,4 +1,4 @@
-"""The rank-assignment bound (solvers/rank_bound.rank_bound): a relaxation of every plan that
+"""The rank-assignment bound (solvers/bounds/rank.py rank_bound): a relaxation of every plan that
 sees the packing's granularity, certified against exhaustive optima (tests/brute_force.py),
 random valid plans of any number of phases, and an instance solved by hand where the
 analytic and LP bounds are loose.
@@ -10,9 +10,9 @@ micro-batch constant, shared by the sequences packed together), memory 9 + 30T b
 from __future__ import annotations
 
 import pytest
-from dcp_opt.solvers.lp_bound import lp_bound
-from dcp_opt.solvers.rank_bound import _sibling_pairs, rank_bound
-from dcp_opt.solvers.rank_plan import rank_plan
+from dcp_opt.solvers.bounds.lp import lp_bound
+from dcp_opt.solvers.bounds.rank import _sibling_pairs, rank_bound
+from dcp_opt.solvers.bounds.rank_plan import rank_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

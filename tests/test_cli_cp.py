@@ -116,7 +116,7 @@ def test_bench_passes_the_kinds(tmp_path, capsys):
         times[kinds] = doc["summary"][0]
     capsys.readouterr()
     # the same batch: with cp offered the bound is lower (it takes the least over the kinds,
-    # dcp_opt/cost.py sp_kinds), so the kinds reached the cost model; greedy is never slower
+    # dcp_opt/cost/ sp_kinds), so the kinds reached the cost model; greedy is never slower
     u, cp = times["ulysses"], times["ulysses,cp"]
     assert cp["median_lower_bound_s"] < u["median_lower_bound_s"]
     assert cp["median_step_time_s"] <= u["median_step_time_s"] * (1 + 1e-12)

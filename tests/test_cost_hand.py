@@ -1,4 +1,4 @@
-"""The cost model by hand (issue 18, mutation testing of dcp_opt/cost.py): every expectation
+"""The cost model by hand (issue 18, mutation testing of dcp_opt/cost/): every expectation
 is arithmetic on literal numbers, written here from the formulas of docs/cost-model.md and
 the comments of cost.py (cited at each test), never a call into cost.py that shares the code
 under test. Coefficients are distinct and non-round, so that a swapped, dropped or doubled
@@ -27,7 +27,7 @@ from dcp_opt.cost import (
     flops_coefficients,
     windowed_quad,
 )
-from dcp_opt.cp_cost import CPMeasurement
+from dcp_opt.cost.cp import CPMeasurement
 from dcp_opt.errors import DcpOptError
 
 
@@ -276,7 +276,7 @@ def test_measured_knobs_by_hand():
     assert close(fwd6, [FWD6 + 0.2])  # no overhead listed at 6
 
 
-# ---- context parallelism on a 1D model (cp_cost; heads split 1/d, K/V gathered) -------------
+# ---- context parallelism on a 1D model (dcp_opt/cost/cp.py; heads split 1/d, K/V gathered) -------------
 LM = ModelSpec("hand-lm", "1d", 2, 24, 6, 12, vocab_size=10, num_kv_heads=2, num_params=500.0)
 ONE_NODE = Cluster("one", 1, 4, 1e6, 1000.0, 16.0, 4.0, 0.01, 0.05)
 HAND_1D = replace(
@@ -374,7 +374,7 @@ def test_cp_memory_by_hand():
     cost = lm_cost(sp_kinds=("ulysses", "cp"))
     # states 500 x (2 + 4 + 12/4) = 4500, + 1000 reserved. cp keeps the gathered K/V of the
     # d - 1 others per layer: 2 kv heads x head_dim 4 x 2 (K, V) x 2 B = 32 bytes per token
-    # each (cp_cost.kv_bytes_per_token), 3 x 32 = 96 at d = 4: act 100 + 96 = 196.
+    # each (cost.cp.kv_bytes_per_token), 3 x 32 = 96 at d = 4: act 100 + 96 = 196.
     # 8 tokens, d = 4, r = 1 of 2: 2 * ((2 - 1) * 196 + 30 + 196 + 9) = 862
     assert close(cost.memory(8, 4, 1, "cp"), 5500 + 862)
     assert close(cost.memory(8, 4, 1), 5500 + 2 * (100 + 30 + 100 + 9))

@@ -1,5 +1,5 @@
 """The cost model's checks, gradient sync, fingerprints, memo and loss normaliser by hand
-(issue 18, mutation testing of dcp_opt/cost.py); the models and coefficients of
+(issue 18, mutation testing of dcp_opt/cost/); the models and coefficients of
 tests/test_cost_hand.py, whose docstring gives the rules: every expectation is arithmetic on
 literal numbers or a documented message, never a call into the code under test."""
 
@@ -17,7 +17,7 @@ from dcp_opt.cost import (
     default_normalizer_kind,
     loss_normalizer,
 )
-from dcp_opt.cp_cost import CPMeasurement
+from dcp_opt.cost.cp import CPMeasurement
 from dcp_opt.errors import DcpOptError
 from tests.test_cost_hand import DIT, HAND, HAND_2D, LM, close, dit_cost, lm_cost
 
@@ -93,7 +93,7 @@ def test_bad_sp_kinds_are_refused_by_name(kinds):
 
 
 def test_sp_kinds_and_measurements_are_normalised():
-    # any order in: the kinds in cp_cost.SP_KINDS order, the measurements by group size
+    # any order in: the kinds in cost.cp.SP_KINDS order, the measurements by group size
     m2, m4 = (CPMeasurement(g, 8.0, 0.3, 4.0, 0.6) for g in (2, 4))
     cost = lm_cost(sp_kinds=["cp", "ulysses"], cp_comm=[m4, m2])
     assert (cost.sp_kinds, cost.cp_comm) == (("ulysses", "cp"), (m2, m4))

@@ -14,7 +14,7 @@ from dcp_opt.runtime.testing import DistWorkers
 
 from dcp_opt import Batch, make_plan, validate
 from dcp_opt.cost import CostModel
-from dcp_opt.cp_cost import extra_act_bytes, kv_bytes_per_token
+from dcp_opt.cost.cp import extra_act_bytes, kv_bytes_per_token
 from dcp_opt.model import ModelSpec
 from dcp_opt.plan import Group, MicroBatch, Plan
 from tests import test_runtime_equiv as lm
@@ -30,7 +30,7 @@ def test_head_tail_layout_balances_causal_pairs():
         [4, 5, 6, 7, 8, 9, 10, 11, 18, 19, 20, 21],
     ]
     # every member has the same causal pairs when 2d divides each length: for chunks of c
-    # tokens, 2d c^2 + c per sequence (dcp_opt/cp_cost.py)
+    # tokens, 2d c^2 + c per sequence (dcp_opt/cost/cp.py)
     lengths, d = [40, 24, 8], 4
     starts = torch.tensor([0, 40, 64])
     for row in head_tail_layout(lengths, d):
@@ -275,15 +275,15 @@ def _cp_against_whole_stream(ctx, window, fake_varlen):
     grads = torch.autograd.grad(want, whole, g)
     mine = layout[ctx.rank]
     local = [x.detach()[mine].requires_grad_() for x in whole]
-    saved = cp.chunk_kernel, cp._varlen_attention
+    saved = cp.chunk_kernel, cp.varlen_attention
     if fake_varlen:
-        cp.chunk_kernel, cp._varlen_attention = (lambda *a, **k: "varlen"), _fake_varlen
+        cp.chunk_kernel, cp.varlen_attention = (lambda *a, **k: "varlen"), _fake_varlen
     try:
         sp = SPGroup(None, d, ctx.rank)
         got = cp.cp_attention(*local, sp, layout=layout, segments=segments, window=window)
         got_grads = torch.autograd.grad(got, local, g[mine])
     finally:
-        cp.chunk_kernel, cp._varlen_attention = saved
+        cp.chunk_kernel, cp.varlen_attention = saved
     pairs = [(got, want[mine])] + [(a, b[mine]) for a, b in zip(got_grads, grads, strict=True)]
     return max(float((a - b).abs().max()) for a, b in pairs)
 

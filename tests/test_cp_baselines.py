@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from dcp_opt.solvers import FRAMEWORK_BASELINES, run_planner
-from dcp_opt.solvers.megatron_cp import _Sched
-from dcp_opt.solvers.verl import karmarkar_karp
+from dcp_opt.solvers.baselines.megatron import _Sched
+from dcp_opt.solvers.baselines.verl import karmarkar_karp
 
-from dcp_opt import Batch, CostModel, validate
-from dcp_opt.cluster import cluster_preset
+from dcp_opt import Batch, CostModel, cluster_preset, validate
 from dcp_opt.model import model_preset
 from dcp_opt.workloads import STANDARD_WORKLOADS, standard_batch
 

@@ -1,4 +1,4 @@
-"""The `cp` (all-gather-KV context parallelism) cost model, by hand (dcp_opt/cp_cost.py)."""
+"""The `cp` (all-gather-KV context parallelism) cost model, by hand (dcp_opt/cost/cp.py)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_cp_wins_past_the_heads_and_loses_across_nodes_without_gqa():
     # than 32 heads, cp splits 1/64: a 1M-token sequence gains. At degree 16 over two nodes
     # cp's ring moves 15/16 of the whole K/V (2h per token) at the NIC rate, Ulysses 15/16 of
     # a sixteenth of q, k, v, o (4h): a 32K-token sequence loses
-    from dcp_opt.cluster import cluster_preset
+    from dcp_opt import cluster_preset
 
     cost = CostModel(model_preset("llama-7b"), cluster_preset("h200x64"))
     long_f, mid_f = cost.features(_seq(1 << 20)), cost.features(_seq(1 << 15))

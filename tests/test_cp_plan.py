@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from dcp_opt import cluster_preset
 from dcp_opt.batch import Batch
 from dcp_opt.build import make_plan
-from dcp_opt.cluster import cluster_preset
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import PlanFormatError
 from dcp_opt.model import model_preset

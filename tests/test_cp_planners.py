@@ -6,14 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dcp_opt.solvers import run_planner
+from dcp_opt.solvers.bounds.lp import lp_bound
 from dcp_opt.solvers.kinds import kind_shares
-from dcp_opt.solvers.lp_bound import lp_bound
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcp_opt import Batch, CostModel, validate
+from dcp_opt import Batch, CostModel, cluster_preset, validate
 from dcp_opt.bounds import lower_bound
-from dcp_opt.cluster import cluster_preset
 from dcp_opt.errors import DcpOptError
 from dcp_opt.model import model_preset
 from dcp_opt.table import seq_table

@@ -1,6 +1,6 @@
 """cp's communication as the profiler measures it: the runtime's all-gather and reduce-scatter
 timed on gloo (world 2), stored in the profile (schema 2; a schema-1 file loads), and charged
-by the cost model when present (dcp_opt/cp_cost.py, Measured rates)."""
+by the cost model when present (dcp_opt/cost/cp.py, Measured rates)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dcp_opt.cost import CostModel
-from dcp_opt.cp_cost import CPMeasurement, comm_time_per_layer
+from dcp_opt.cost.cp import CPMeasurement, comm_time_per_layer
 from dcp_opt.errors import DcpOptError
 from dcp_opt.profile_io import (
     ProfileError,

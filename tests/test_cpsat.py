@@ -15,12 +15,13 @@ import sys
 from functools import cache
 
 import pytest
-from dcp_opt.solvers import cpsat_extract as cx
-from dcp_opt.solvers import cpsat_model as cm
 from dcp_opt.solvers import run_planner
-from dcp_opt.solvers.cpsat import plan_cpsat
-from dcp_opt.solvers.greedy import Draft, plan_greedy
-from dcp_opt.solvers.lp_bound import lp_bound
+from dcp_opt.solvers.bounds.lp import lp_bound
+from dcp_opt.solvers.cpsat import extract as cx
+from dcp_opt.solvers.cpsat import model as cm
+from dcp_opt.solvers.cpsat.plan import plan_cpsat
+from dcp_opt.solvers.greedy.instance import Draft
+from dcp_opt.solvers.greedy.plan import plan_greedy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -195,7 +196,7 @@ def test_invalid_cpsat_plan_falls_back(monkeypatch, caplog):
 
 def test_cpsat_plan_out_of_memory_falls_back(monkeypatch, caplog):
     # The model's plan (forced to look best) has a micro-batch that does not fit in memory.
-    from dcp_opt.solvers import cpsat
+    from dcp_opt.solvers.cpsat import plan as cpsat
 
     batch, cost, greedy = _setup()
     real = cpsat.to_phases
@@ -257,7 +258,7 @@ def test_improves_on_greedy_given_time():
 SCRIPT = """
 import sys
 from dcp_opt import CostModel, cluster_preset, model_preset, standard_batch
-from dcp_opt.solvers.cpsat import plan_cpsat
+from dcp_opt.solvers.cpsat.plan import plan_cpsat
 name, model = sys.argv[1], sys.argv[2]
 cost = CostModel(model_preset(model), cluster_preset("h200x32"))
 res = plan_cpsat(standard_batch(name, 1), cost, time_limit_s=0.2, deterministic=True)
@@ -301,9 +302,9 @@ def test_lp_bound_is_below_every_plan(data):
     assert lp.value_s <= greedy.predicted_step_time_s * (1 + 1e-9)
 
 
-# ---- planning ahead (solvers/async_plan.py) -------------------------------------------------
+# ---- planning ahead (solvers/stream/async_plan.py) -------------------------------------------------
 def test_async_planner_plans_ahead_in_order_and_round_trips():
-    from dcp_opt.solvers.async_plan import AsyncPlanner, PlannedBatch
+    from dcp_opt.solvers.stream.async_plan import AsyncPlanner, PlannedBatch
 
     cost = toy_cost()
     batches = [Batch.from_lengths(x) for x in TINY[:3]]
@@ -322,7 +323,7 @@ def test_async_planner_plans_ahead_in_order_and_round_trips():
 def test_async_planner_bounds_its_queue_and_reports_errors():
     import threading
 
-    from dcp_opt.solvers.async_plan import AsyncPlanner
+    from dcp_opt.solvers.stream.async_plan import AsyncPlanner
 
     from dcp_opt import DcpOptError
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dcp_opt.solvers import greedy, run_planner
-from dcp_opt.solvers.greedy import make_instance, plan_greedy
+from dcp_opt.solvers import run_planner
+from dcp_opt.solvers.greedy import search
+from dcp_opt.solvers.greedy.assign import safe_draft, uniform_bounds
+from dcp_opt.solvers.greedy.instance import make_instance
+from dcp_opt.solvers.greedy.plan import plan_greedy
 
 from dcp_opt import (
     Batch,
@@ -139,7 +142,7 @@ def _batch(workload: str, n: int, seed: int) -> Batch:
 
 
 def _best(cost, batch):
-    d = greedy.search(make_instance(batch, cost), cost.cluster)[0]
+    d = search.search(make_instance(batch, cost), cost.cluster)[0]
     return d.finish_s, d.how, str(d.groups)
 
 
@@ -153,13 +156,13 @@ def test_pruning_keeps_the_best_draft(monkeypatch, workload, gpus, n):
     cost = CostModel(model, cluster_preset(f"h200x{gpus}"))
     batch = _batch(workload, n, 1)
     pruned = _best(cost, batch)
-    full_init = greedy._Kept.__init__
+    full_init = search._Kept.__init__
 
     def no_prune(self, inst, cluster):
         full_init(self, inst, cluster)
-        self.prune, self.drafts = False, [((0,), greedy.safe_draft(inst, cluster))]
+        self.prune, self.drafts = False, [((0,), safe_draft(inst, cluster))]
 
-    monkeypatch.setattr(greedy._Kept, "__init__", no_prune)
+    monkeypatch.setattr(search._Kept, "__init__", no_prune)
     assert _best(cost, batch) == pruned
 
 
@@ -170,7 +173,7 @@ def test_uniform_first_order_keeps_the_best_draft(monkeypatch):
     cost = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x64"))
     batch = _batch("2d-balanced", 200, 2)
     inst = make_instance(batch, cost)
-    assert greedy._uniform_first(inst, cost.cluster, greedy.uniform_bounds(inst))
+    assert search._uniform_first(inst, cost.cluster, uniform_bounds(inst))
     first = _best(cost, batch)
-    monkeypatch.setattr(greedy, "UNIFORM_FIRST", -1.0)
+    monkeypatch.setattr(search, "UNIFORM_FIRST", -1.0)
     assert _best(cost, batch) == first

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dcp_opt.solvers import greedy, greedy_level
 from dcp_opt.solvers.common import finish
-from dcp_opt.solvers.greedy_local import improve
-from dcp_opt.solvers.greedy_steps import Draft
+from dcp_opt.solvers.greedy import level as greedy_level
+from dcp_opt.solvers.greedy.assign import rule_draft, to_phases, uniform_draft
+from dcp_opt.solvers.greedy.instance import Draft, make_instance
+from dcp_opt.solvers.greedy.local import improve
+from dcp_opt.solvers.greedy.plan import plan_greedy
 
 from dcp_opt import Batch, CostModel, Sequence, cluster_preset, model_preset, validate
 from dcp_opt.perturb import perturbed_cost_models
@@ -58,7 +60,7 @@ def _unpacked(phases) -> list[list[Group]]:
 def _plan_kept_before(batch, cost) -> list[list[Group]]:
     """What greedy planned before: the fifth video alone at degree 16 on ranks 0-15, then the
     four others at degree 8, the small ones after them (recompute as the table needs)."""
-    inst = greedy.make_instance(batch, cost)
+    inst = make_instance(batch, cost)
     r = {int(d): inst.r_min[:, k].tolist() for k, d in enumerate(inst.degrees)}
     big = [i for i, s in enumerate(SHAPES) if s == BIG]
     small = [i for i, s in enumerate(SHAPES) if s != BIG]
@@ -77,7 +79,7 @@ def _plan_kept_before(batch, cost) -> list[list[Group]]:
 
 def test_phase0_packs_small_sequences_with_a_big_video(case):
     batch, cost = case
-    res = greedy.plan_greedy(batch, cost)
+    res = plan_greedy(batch, cost)
     assert validate(res.plan, batch, cost) == []
     assert len(res.plan.phases) == 2
     first = [mb for g in res.plan.phases[0].groups for mb in g.micro_batches]
@@ -93,14 +95,14 @@ def test_level_drafts_price_packed_phase0_exactly(case):
     simulated step time of its plan (the draft ranks the candidates), the split's own
     drafts (phase 1 as the split assigned it) included."""
     batch, cost = case
-    inst = greedy.make_instance(batch, cost)
+    inst = make_instance(batch, cost)
     packed = 0
     hows = []
     for how, build in greedy_level.specs(inst, cost.cluster, np.inf):
         spec = build()
         hows.append(how)
-        draft = spec if isinstance(spec, Draft) else greedy.rule_draft(inst, cost.cluster, spec)
-        phases = greedy.to_phases(draft, inst, cost)
+        draft = spec if isinstance(spec, Draft) else rule_draft(inst, cost.cluster, spec)
+        phases = to_phases(draft, inst, cost)
         packed += any(len(idx) > 1 for _, _, bins in draft.phase0 for idx, _ in bins)
         assert draft.finish_s + inst.sync == pytest.approx(_time(phases, batch, cost), rel=1e-9)
     assert packed
@@ -115,12 +117,12 @@ def test_split_keeps_its_own_phase1_assignment():
     194,400 tokens. Four degree-8 groups: a video alone on each of three, the 216,000 and
     two 194,400 on the fourth; the last 194,400 first at degree 16 on the ranks of two
     video groups. The overflow-first split assigns phase 1 so; re-assigned longest first
-    (greedy.rule_draft) a video lands after the phase-0 sequence and the split's finish is
+    (assign.rule_draft) a video lands after the phase-0 sequence and the split's finish is
     lost (greedy kept two degree-16 groups: 1.423 s against 1.350 s when written)."""
     shapes = [BIG, MID, BIG, BIG, HALF, MID, MID]
     batch = Batch(tuple(Sequence(i, s) for i, s in enumerate(shapes)))
     cost = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x32"))
-    inst = greedy.make_instance(batch, cost)
+    inst = make_instance(batch, cost)
     r8 = inst.r_min[:, list(inst.degrees).index(8)].tolist()
 
     def alone(i, d=8):
@@ -138,27 +140,27 @@ def test_split_keeps_its_own_phase1_assignment():
             Group(24, 8, alone(3)),
         ],
     ]
-    res = greedy.plan_greedy(batch, cost)
+    res = plan_greedy(batch, cost)
     assert validate(res.plan, batch, cost) == []
     assert res.predicted_step_time_s <= _time(hand, batch, cost) * (1 + 1e-9)
 
 
 def test_split_with_everything_first_is_one_phase():
     """A split that puts every sequence in phase 0 is a one-phase plan of degree-w groups,
-    and is returned so: greedy_local.improve leaves two-phase drafts alone, and on
+    and is returned so: local.improve leaves two-phase drafts alone, and on
     combined 2d-balanced 2M seed 0 (28 sequences, h200x32) such a draft beat uniform degree
     8 by 1.4 ms and then kept greedy 33 ms above the local search on uniform degree 8."""
     base = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x32"))
     cost = perturbed_cost_models(base)["combined"]
     batch = Workload.parse("2d-balanced").batch(0, 2 * 2**20)
-    inst = greedy.make_instance(batch, cost)
+    inst = make_instance(batch, cost)
     for _, build in greedy_level.specs(inst, cost.cluster, np.inf):
         d = build()
         if isinstance(d, Draft):
             assert d.phase0 == [] or d.groups != []
     j8 = list(inst.degrees).index(8)
-    local = improve(inst, cost.cluster, greedy.uniform_draft(inst, cost.cluster, j8))
-    res = greedy.plan_greedy(batch, cost)
+    local = improve(inst, cost.cluster, uniform_draft(inst, cost.cluster, j8))
+    res = plan_greedy(batch, cost)
     assert validate(res.plan, batch, cost) == []
-    local_s = _time(greedy.to_phases(local, inst, cost), batch, cost)
+    local_s = _time(to_phases(local, inst, cost), batch, cost)
     assert res.predicted_step_time_s <= local_s * (1 + 1e-9)

@@ -269,7 +269,7 @@ def test_more_memory_never_predicts_slower(name):
         inst = data.draw(hs.instances(**sizes(name)))
         small_t = run(name, inst).predicted_step_time_s
         big = run(name, hs.Instance(doubled_memory(inst.cost), inst.batch))
-        if big.status == "optimal":  # up to its integer units (see solvers/cpsat.py)
+        if big.status == "optimal":  # up to its integer units (see solvers/cpsat/plan.py)
             EXAMPLES[f"{key} optimal"] += 1
             slack = big.stats["optimal_within_s"]
             assert big.predicted_step_time_s <= small_t * (1 + MEMORY_NOISE) + slack, (big, small_t)
@@ -425,7 +425,7 @@ def test_cpsat_optimal_within_its_units_pinned(name):
     assert res.stats["optimal_within_s"] < 1e-3 * t
 
 
-LP = importlib.util.find_spec("dcp_opt.solvers.lp_bound") is not None
+LP = importlib.util.find_spec("dcp_opt.solvers.bounds.lp") is not None
 
 
 @pytest.mark.parametrize("dense", [True, False])
@@ -433,8 +433,8 @@ LP = importlib.util.find_spec("dcp_opt.solvers.lp_bound") is not None
 def test_lp_bound_is_below_any_valid_plan(dense, data):
     # cpsat reports max(analytic, LP) as its bound; it is certified only if no valid plan
     # (here: tight random plans, many tiny sequences included) beats it
-    assert LP, "solvers/lp_bound.py is missing"
-    from dcp_opt.solvers.lp_bound import lp_bound
+    assert LP, "solvers/bounds/lp.py is missing"
+    from dcp_opt.solvers.bounds.lp import lp_bound
 
     inst = data.draw(hs.instances())
     plan = data.draw(hs.valid_plans(inst, dense=dense, cp=True))

@@ -3,7 +3,7 @@
 The perturbation knobs (dcp_opt/perturb.py, CostModel's measured-profile knobs) charge what
 they say; under random cost models of the family every planner's plan is valid and at least
 the bound, and greedy and cpsat are never slower than any simple-rule layout
-(solvers/greedy_rules.py). CI cost: about 20-40 s at the ci profile on the 2-core machine.
+(solvers/greedy/rules.py). CI cost: about 20-40 s at the ci profile on the 2-core machine.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dcp_opt.solvers import get_planner
+from dcp_opt.solvers.bounds.lp import lp_bound
 from dcp_opt.solvers.common import finish
-from dcp_opt.solvers.greedy_rules import rule_plans
-from dcp_opt.solvers.lp_bound import lp_bound
+from dcp_opt.solvers.greedy.rules import rule_plans
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -214,7 +214,7 @@ ROBUST = [p for p in ("greedy", "cpsat") if p in PLANNERS]
 @pytest.mark.parametrize("name", ROBUST)
 def test_never_slower_than_a_simple_rule(name):
     """On homogeneous clusters (where the greedy's draft times are exact) the plan is at
-    least as fast as every simple-rule layout of solvers/greedy_rules.rule_plans."""
+    least as fast as every simple-rule layout of solvers/greedy/rules.py rule_plans."""
 
     @given(st.data())
     def prop(data):

@@ -5,7 +5,7 @@ The reference is independent of the runtime (issue 18): each sequence goes alone
 through the model's own forward; its per-token losses are written here from their definition
 (next-token cross-entropy; DDPM noise-prediction squared error, Ho et al. 2020 eq. 14), and
 tests/reference.py's `objective` turns them into the batch objective for the normaliser kind.
-No runtime weighting (tasks._token_weight, reference_loss) and no plan.loss_normalizer is used.
+No runtime weighting (tasks.token_weight, reference_loss) and no plan.loss_normalizer is used.
 
 Plans come from hypothesis (aligned layouts of mixed degrees, 1-3 phases, uneven micro-batch
 counts, idle ranks, recompute 0..L, packed micro-batches), each checked by dcp_opt.validate,

@@ -1,4 +1,4 @@
-"""Step former (solvers/step_former.py) and stream bound (solvers/stream_bound.py), issue 13.
+"""Step former (solvers/stream/step_former.py) and stream bound (solvers/bounds/stream.py), issue 13.
 
 The property runs in scripts/nightly.py's list (HYPOTHESIS_PROFILE=nightly: 10,000 examples);
 in CI it runs the `ci` profile's examples on streams of up to 80 samples.
@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 from dcp_opt.solvers import run_planner
-from dcp_opt.solvers.step_former import data_order_steps, form_steps, form_steps_report
-from dcp_opt.solvers.stream_bound import stream_lower_bound
+from dcp_opt.solvers.bounds.stream import stream_lower_bound
+from dcp_opt.solvers.stream.step_former import data_order_steps, form_steps, form_steps_report
 from hypothesis import given
 from hypothesis import strategies as st
 

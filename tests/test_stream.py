@@ -1,5 +1,5 @@
 """The stream benchmark (dcp_opt.analysis.stream) and the published samplers over an epoch
-(solvers/videosys_stream.py): accounting, published settings, JSON keys, the CLI."""
+(solvers/baselines/videosys/stream.py): accounting, published settings, JSON keys, the CLI."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 import pytest
-from dcp_opt.solvers.videosys_stream import MIN_GAS, PUBLISHED_METHODS, published_epoch
+from dcp_opt.solvers.baselines.videosys.stream import MIN_GAS, PUBLISHED_METHODS, published_epoch
 
 from dcp_opt.analysis.stream import (
     DEFAULT_MODELS,
@@ -68,7 +68,7 @@ def test_pac_chains_reach_the_published_minimum():
 
 
 def test_one_standard_batch_forms_no_published_step():
-    """The claim solvers/videosys.py makes: a 2M-token batch is too small for the sampler."""
+    """The claim solvers/baselines/videosys/methods.py makes: a 2M-token batch is too small for the sampler."""
     from dcp_opt.workloads import standard_batch
 
     batch = standard_batch("2d-short", 0)
@@ -218,7 +218,7 @@ def test_run_stream_reports_every_workload():
 
 
 def test_the_memoised_step_bounds_sum_to_the_stream_bound(monkeypatch):
-    import dcp_opt.solvers.stream_bound as sb
+    import dcp_opt.solvers.bounds.stream as sb
 
     from dcp_opt.analysis.stream_steps import StepCache, _bound
 

@@ -28,10 +28,10 @@ from dcp_opt import (
     validate,
 )
 from dcp_opt.batch import Sequence
-from dcp_opt.cluster import CLUSTER_PRESETS, GB, Cluster, cluster_preset
+from dcp_opt.cluster import GB, Cluster
 from dcp_opt.errors import DcpOptError
 from dcp_opt.topology import Link, Topology, group_comm, group_ring, ring_bottleneck
-from dcp_opt.topology.presets import two_level
+from dcp_opt.topology.presets import CLUSTER_PRESETS, cluster_preset, two_level
 
 
 def rail_fabric(spine_bw: float = 25 * GB) -> Topology:
@@ -461,8 +461,8 @@ def test_cpsat_places_non_power_of_two_degrees():
     in the model (no-overlap over Cluster.placements): no fallback, a valid plan, every
     group on a placement, never slower than the greedy. A power-of-two cluster keeps buddy
     tiling (no placement variables)."""
-    from dcp_opt.solvers.cpsat_model import placement_starts
-    from dcp_opt.solvers.greedy_steps import make_instance
+    from dcp_opt.solvers.cpsat.model import placement_starts
+    from dcp_opt.solvers.greedy.instance import make_instance
 
     c = cluster_preset("gb200-nvl72")
     cost = CostModel(model_preset("opensora-stdit3-xl"), c)
@@ -507,7 +507,7 @@ def test_greedy_is_never_slower_than_its_blind_plan_on_the_fabric(seed):
     """Greedy on a fabric is at least as fast as the plan it makes for the cluster without
     the topology, priced on the fabric (issue 17). On 16-GPU leaves at 2:1 (128 GPUs, Llama 7B,
     32K-256K tokens, log-uniform up to 64K tokens per GPU) seeds 0 and 2 made the aware plan
-    0.65 % and 0.44 % slower before the blind candidate (solvers/greedy.py)."""
+    0.65 % and 0.44 % slower before the blind candidate (solvers/greedy/)."""
     import numpy as np
 
     from dcp_opt.topology.whatif import compare_blind, fat_tree_cluster

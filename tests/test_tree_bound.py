@@ -1,4 +1,4 @@
-"""The rank relaxation solved by recursion over the buddy tree (solvers/tree_bound.py): the
+"""The rank relaxation solved by recursion over the buddy tree (solvers/bounds/tree.py): the
 same optimum as HiGHS on the same program with every class integer, an assignment that
 reaches its value, a bound below every valid plan and the exhaustive optimum, and a hand
 example.
@@ -13,10 +13,11 @@ import time
 
 import numpy as np
 import pytest
-from dcp_opt.solvers import tree_bound
-from dcp_opt.solvers.lp_bound import _data, lp_bound
-from dcp_opt.solvers.rank_bound import rank_bound, rank_milp, tree_solution
-from dcp_opt.solvers.rank_plan import rank_plan
+from dcp_opt.solvers.bounds import tree as tree_bound
+from dcp_opt.solvers.bounds.data import bound_data
+from dcp_opt.solvers.bounds.lp import lp_bound
+from dcp_opt.solvers.bounds.rank import rank_bound, rank_milp, tree_solution
+from dcp_opt.solvers.bounds.rank_plan import rank_plan
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +55,7 @@ def test_not_applicable_where_placements_are_not_the_buddy_blocks():
 
 def _path_loads(batch, cost, groups) -> np.ndarray:
     """Each rank's load in the relaxation, summed from an assignment's groups."""
-    dat = _data(batch, cost)
+    dat = bound_data(batch, cost)
     load = np.zeros(cost.cluster.num_gpus)
     for start, d, idx in groups:
         j = int(np.flatnonzero(dat.deg == d)[0])
@@ -143,7 +144,7 @@ def _long_step():
 
 def test_tree_candidate_replaces_a_slower_plan_and_keeps_a_close_one():
     from dcp_opt.solvers import run_planner
-    from dcp_opt.solvers.rank_plan import CANDIDATE_MIN_GAP, tree_candidate
+    from dcp_opt.solvers.bounds.rank_plan import CANDIDATE_MIN_GAP, tree_candidate
 
     batch, cost = _long_step()
     slow = run_planner("bucket", batch, cost)
@@ -178,7 +179,7 @@ def test_the_planners_are_never_slower_than_the_tree_plan():
 
 
 def test_the_stream_bound_of_fixed_steps_takes_the_tree_term():
-    from dcp_opt.solvers.stream_bound import stream_lower_bound
+    from dcp_opt.solvers.bounds.stream import stream_lower_bound
 
     batch, cost = _long_step()
     tree = rank_bound(batch, cost).value_s
@@ -190,7 +191,7 @@ def test_the_stream_bound_of_fixed_steps_takes_the_tree_term():
 
 def _cp_toy():
     """4 GPUs at degree 4, 2 layers, 1000 activation bytes a token a layer and free
-    checkpoints; cp gathers 16 more a token from each of the 3 others (cp_cost), so 400
+    checkpoints; cp gathers 16 more a token from each of the 3 others (dcp_opt/cost/cp.py), so 400
     tokens fit Ulysses at r = 0 but cp only at r = 1, and 800 fit cp at r = 2. One layer's
     forward of 400 tokens is u = 1/3 s under cp (2 heads: a quarter of the attention each)
     and 2u under Ulysses (half); the empty micro-batch is 1 s, nothing else costs."""
@@ -239,7 +240,7 @@ def test_pairs_count_the_sub_multiset_pairs_and_gate_the_recursion():
     assert tree_bound.pairs([0, 1, 2]) == brute == 18
     cost = toy_cost(1, 4, 400.0, degrees=(1,))
     batch = Batch.from_lengths([4, 4, 3])  # classes of 2 and 1: 6 * 3 = 18 pairs
-    dat = _data(batch, cost)
+    dat = bound_data(batch, cost)
     cls = [[0, 1], [2]]
     assert tree_bound.solve(dat, cls, 4, max_pairs=18) is not None
     assert tree_bound.solve(dat, cls, 4, max_pairs=17) is None
@@ -255,8 +256,8 @@ def test_one_gpu_is_a_tree_of_one_leaf():
 def test_every_state_reads_back_a_pair_of_its_own():
     cost = toy_cost(1, 4, 400.0)
     batch = Batch.from_lengths([4, 4, 4, 3, 3, 2])
-    dat = _data(batch, cost)
-    from dcp_opt.solvers.rank_bound import _classes
+    dat = bound_data(batch, cost)
+    from dcp_opt.solvers.bounds.rank import _classes
 
     cls = _classes(dat)
     tree = tree_bound._Tree(dat, cls, np.array([len(m) for m in cls]), 4)
@@ -271,7 +272,7 @@ def test_a_sequence_that_needs_sp_is_bounded_like_highs():
     # class has no degree-1 entry (inf), which every state without it must not see
     cost = toy_cost(1, 4, 45.0)
     batch = Batch.from_lengths([3, 1, 1, 1])
-    assert not np.isfinite(_data(batch, cost).marg[0, 0])  # the 3 at degree 1
+    assert not np.isfinite(bound_data(batch, cost).marg[0, 0])  # the 3 at degree 1
     sol, _ = tree_solution(batch, cost)
     res, *_ = rank_milp(batch, cost, 1.0, 10.0, integer_share=0.0)
     assert res.status == 0 and np.isfinite(sol.finish_s)

@@ -16,7 +16,7 @@ ONE_BATCH_FRAMING = (
 )
 
 
-def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+def fmt_cell(x: float | None, spec: str, suffix: str = "") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
@@ -55,12 +55,12 @@ def render_table(doc: dict):
         table.add_row(
             row["workload"],
             row["planner"],
-            _fmt(row["median_step_time_s"], ".3f"),
-            _fmt(row["median_speedup_vs_bucket"], ".2f", "x"),
-            _fmt(row["median_speedup_vs_static_tuned"], ".2f", "x"),
-            _fmt(row["median_imbalance"], ".1%"),
-            _fmt(row["median_gap"], ".1%"),
-            _fmt(
+            fmt_cell(row["median_step_time_s"], ".3f"),
+            fmt_cell(row["median_speedup_vs_bucket"], ".2f", "x"),
+            fmt_cell(row["median_speedup_vs_static_tuned"], ".2f", "x"),
+            fmt_cell(row["median_imbalance"], ".1%"),
+            fmt_cell(row["median_gap"], ".1%"),
+            fmt_cell(
                 None if row["median_wall_time_s"] is None else row["median_wall_time_s"] * 1e3,
                 ".1f",
             ),

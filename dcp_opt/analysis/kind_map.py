@@ -12,7 +12,7 @@ MARGIN), as the planner decides; a kind that does not fit has no time, and the o
 Groups use the cost model's per-degree default placement (a degree beyond a node spans
 nodes). Why one sequence alone: the planner chooses per group, and a group's time is the sum
 of its micro-batches', each dominated by its longest sequence; the map shows the terms the
-planner compares (dcp_opt/cp_cost.py: cp's attention splits 1/d with no head limit, its K/V
+planner compares (dcp_opt/cost/cp.py: cp's attention splits 1/d with no head limit, its K/V
 all-gather moves the whole sequence's kv heads, its memory holds the gathered K/V).
 
 `kind_shares(events)`: which kinds plans used, as shares of GPU-time (simulate's events,

@@ -9,7 +9,7 @@ framing misjudges them (the published sampler forms no step at all from one such
   (`stream_epoch`); `2d-videosys` is VideoSys' benchmark dataset itself (100,000 images and
   2,000 videos, research/videosys_dcp.md sec. 5.1);
 - published methods (bucket, dcp_intra, dcp_inter, dcp_inter_pac) run their sampler over the
-  epoch as published (solvers/videosys_stream.py: memory cap 0.7, PAC's minimum accumulation
+  epoch as published (solvers/baselines/videosys/stream.py: memory cap 0.7, PAC's minimum accumulation
   15, drop_last), each also as a no-drop variant (`<method>/nodrop`);
 - the project's planners run at fixed global batch sizes: the epoch is cut in data order into
   steps of `target` tokens (`<planner>@<size>`), and with the step former when it is built
@@ -220,8 +220,8 @@ def _draw(w: Workload, rng: np.random.Generator, n: int) -> list[tuple[int, ...]
 
 
 def data_order_steps(epoch: Batch, target_tokens: int) -> list[list[int]]:
-    """Fixed-size steps in data order (solvers/step_former.py: target +- half a sample)."""
-    from dcp_opt.solvers.step_former import data_order_steps as steps_of
+    """Fixed-size steps in data order (solvers/stream/step_former.py: target +- half a sample)."""
+    from dcp_opt.solvers.stream.step_former import data_order_steps as steps_of
 
     return steps_of(list(epoch.sequences), target_tokens)
 

@@ -5,7 +5,7 @@ rich is imported only inside the render functions, so importing this module cost
 
 from __future__ import annotations
 
-from .bench_display import _fmt
+from .bench_display import fmt_cell
 
 
 def _m(x: float | None) -> str:
@@ -54,14 +54,14 @@ def render_stream_table(doc: dict):
         table.add_row(
             r["workload"],
             r["method"],
-            _fmt(None if r["tokens_per_s"] is None else r["tokens_per_s"] / 1e6, ".3f"),
+            fmt_cell(None if r["tokens_per_s"] is None else r["tokens_per_s"] / 1e6, ".3f"),
             f"{_m(st['median'])} [{_m(st['p10'])}-{_m(st['p90'])}]",
-            _fmt(r["dropped_share"], ".1%"),
-            _fmt(r["speedup_vs_bucket"], ".2f", "x"),
-            _fmt(r["speedup_vs_pac"], ".2f", "x"),
-            _fmt(r["gap_to_bound"], ".1%"),
-            _fmt(r.get("gap_to_steps_bound") if r.get("step_former") else None, ".1%"),
-            _fmt(r["planning_s"], ".2f"),
+            fmt_cell(r["dropped_share"], ".1%"),
+            fmt_cell(r["speedup_vs_bucket"], ".2f", "x"),
+            fmt_cell(r["speedup_vs_pac"], ".2f", "x"),
+            fmt_cell(r["gap_to_bound"], ".1%"),
+            fmt_cell(r.get("gap_to_steps_bound") if r.get("step_former") else None, ".1%"),
+            fmt_cell(r["planning_s"], ".2f"),
         )
     return table
 
@@ -82,8 +82,8 @@ def render_fidelity_table(doc: dict):
         if isinstance(p, (list, tuple)):
             paper = "-".join("?" if x is None else f"{x:.2f}" for x in p) + "x"
         else:
-            paper = _fmt(p, ".2f", "x")
-        table.add_row(r["workload"], r["method"], _fmt(r["model_ratio"], ".2f", "x"), paper)
+            paper = fmt_cell(p, ".2f", "x")
+        table.add_row(r["workload"], r["method"], fmt_cell(r["model_ratio"], ".2f", "x"), paper)
     return table
 
 
@@ -117,11 +117,11 @@ def _matched_table(doc: dict):
             r["matched_to"],
             "yes" if r["step_former"] else "no",
             r["method"],
-            _fmt(r["vs_pac"], ".2f", "x"),
-            _fmt(r["vs_bucket"], ".2f", "x"),
-            _fmt(r["gap_to_bound"], ".1%"),
-            _fmt(r.get("bound_vs_pac"), ".2f", "x"),
-            _fmt(r.get("bound_vs_bucket"), ".2f", "x"),
+            fmt_cell(r["vs_pac"], ".2f", "x"),
+            fmt_cell(r["vs_bucket"], ".2f", "x"),
+            fmt_cell(r["gap_to_bound"], ".1%"),
+            fmt_cell(r.get("bound_vs_pac"), ".2f", "x"),
+            fmt_cell(r.get("bound_vs_bucket"), ".2f", "x"),
         )
     return table
 
@@ -148,11 +148,11 @@ def render_framework_table(doc: dict):
         table.add_row(
             r["workload"],
             r["size"],
-            _fmt(r["vs_megatron_dynamic_cp"], ".2f", "x"),
-            _fmt(r["vs_verl_balanced"], ".2f", "x"),
-            _fmt(r["vs_greedy"], ".3f", "x"),
-            _fmt(r["gap_to_bound"], ".1%"),
-            _fmt(r["megatron_dynamic_cp_gap_to_bound"], ".1%"),
-            _fmt(r["verl_balanced_gap_to_bound"], ".1%"),
+            fmt_cell(r["vs_megatron_dynamic_cp"], ".2f", "x"),
+            fmt_cell(r["vs_verl_balanced"], ".2f", "x"),
+            fmt_cell(r["vs_greedy"], ".3f", "x"),
+            fmt_cell(r["gap_to_bound"], ".1%"),
+            fmt_cell(r["megatron_dynamic_cp_gap_to_bound"], ".1%"),
+            fmt_cell(r["verl_balanced_gap_to_bound"], ".1%"),
         )
     return table

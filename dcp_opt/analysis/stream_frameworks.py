@@ -5,9 +5,9 @@ them, beside the project's planner with the same SP kinds.
 Framing (docs/stream.md, "Framework baselines"): both frameworks take a fixed global batch
 and decide only how it runs; neither forms its own optimizer steps from a stream.
 - verl's dynamic batch size cuts a fixed global batch (ppo_mini_batch_size) into balanced
-  micro-batches (verl/utils/seqlen_balancing.py, rearrange_micro_batches; solvers/verl.py);
+  micro-batches (verl/utils/seqlen_balancing.py, rearrange_micro_batches; solvers/baselines/verl.py);
 - Megatron-Core's dynamic CP schedules the sequences of a given global batch into CP groups
-  and micro-steps (data_schedule.py, get_groups_and_subsamples; solvers/megatron_cp.py).
+  and micro-steps (data_schedule.py, get_groups_and_subsamples; solvers/baselines/megatron.py).
 So each runs on the same fixed-size steps in data order as the project's planners
 (`<framework>@<size>`), every sample trained once. The cost model offers both SP kinds
 (CostModel.sp_kinds = ulysses + cp) for them: Megatron's groups are `cp` (its published kind,
@@ -16,7 +16,7 @@ project's greedy planner runs on the same steps and cost model, choosing the kin
 (`greedy+cp@<size>`), so the three rows differ only in the planner. Their stream bound is the
 bound over both kinds (the per-step tables take the least over cost.sp_kinds).
 
-2D workloads are left out: neither framework serves a video DiT (solvers/megatron_cp.py).
+2D workloads are left out: neither framework serves a video DiT (solvers/baselines/megatron.py).
 """
 
 from __future__ import annotations

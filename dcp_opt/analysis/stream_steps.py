@@ -2,8 +2,8 @@
 timed, the project's planners on given steps, the stream bound, and the step former.
 
 Every step is planned once per cost model (StepCache): the greedy planner is deterministic
-(solvers/greedy.py, plan_greedy), so a step it planned for the `greedy@size` row, for the
-step former's proxy (solvers/step_former.py) or for the `greedy+former@size` row has one time
+(solvers/greedy/, plan_greedy), so a step it planned for the `greedy@size` row, for the
+step former's proxy (solvers/stream/step_former.py) or for the `greedy+former@size` row has one time
 whoever asks. The default run planned about 40 % of its greedy steps two or three times
 before (cProfile, 2d-balanced and 1d-short at the default size: docs/stream.md).
 """
@@ -76,7 +76,7 @@ class StepCache:
         order's."""
         key = (tuple(sorted(ids)), lp)
         if key not in self._bounds:
-            from dcp_opt.solvers.stream_bound import step_lower_bound
+            from dcp_opt.solvers.bounds.stream import step_lower_bound
 
             kw = {} if lp else {"lp_time_limit_s": 0.0}
             self._bounds[key] = step_lower_bound(self.batch(key[0]), self.cost, **kw)
@@ -102,7 +102,7 @@ def time_published_steps(epoch: Batch, cost: CostModel, groups_per_step) -> list
 
 
 def run_published(epoch, cost, method, *, seed, drop_last, memory_cap, **kw) -> EpochRun:
-    from dcp_opt.solvers.videosys_stream import published_epoch
+    from dcp_opt.solvers.baselines.videosys.stream import published_epoch
 
     pub = published_epoch(
         epoch, cost, method, seed=seed, drop_last=drop_last, memory_cap=memory_cap, **kw
@@ -144,10 +144,10 @@ def run_fixed(
 
 
 def _bound(cache: StepCache, steps, max_shift, lp: bool = True) -> float | None:
-    """The stream lower bound of these steps (solvers/stream_bound.py). lp=False: the
+    """The stream lower bound of these steps (solvers/bounds/stream.py). lp=False: the
     separable per-step bound only (no LP refinement; ~50 ms a step less), for the published
     methods, whose gap is large either way."""
-    from dcp_opt.solvers.stream_bound import stream_lower_bound
+    from dcp_opt.solvers.bounds.stream import stream_lower_bound
 
     if not steps:  # a published sampler may form no step at all from a small epoch
         return None
@@ -161,9 +161,9 @@ def _bound(cache: StepCache, steps, max_shift, lp: bool = True) -> float | None:
 def former_steps(
     epoch, cost, target: int, k: int, e: float, cache=None, budget_s=None
 ) -> list[list[int]]:
-    """Steps chosen by the step former (solvers/step_former.py), its proxy the cached greedy;
+    """Steps chosen by the step former (solvers/stream/step_former.py), its proxy the cached greedy;
     `budget_s` its search budget (None: the former's default)."""
-    from dcp_opt.solvers.step_former import MAX_DEFAULT_BUDGET_S, form_steps
+    from dcp_opt.solvers.stream.step_former import MAX_DEFAULT_BUDGET_S, form_steps
 
     cache = cache or StepCache(epoch, cost)
     if budget_s is not None:

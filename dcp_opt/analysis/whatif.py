@@ -50,12 +50,13 @@ import numpy as np
 
 from ..batch import Batch, Sequence
 from ..bounds import lower_bound
-from ..cluster import GB, Cluster, cluster_preset
+from ..cluster import GB, Cluster
 from ..cost import SHARDING_MODES, CostModel
 from ..errors import DcpOptError
 from ..histogram import LengthDistribution
 from ..model import model_preset
 from ..simulate import SimResult, simulate
+from ..topology.presets import cluster_preset
 from ..validate import validate
 from ..workloads import DEFAULT_TOKENS_PER_GPU
 from .bench import DEFAULT_MODELS, planner_kwargs

@@ -92,7 +92,7 @@ def _add_sp_kinds(p: argparse.ArgumentParser, *, note: str = "") -> None:
 
 def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[str, ...]:
     """--sp-kinds as CostModel.sp_kinds; one-line errors naming the flag and the values."""
-    from ..cp_cost import SP_KINDS
+    from ..cost.cp import SP_KINDS
 
     kinds = _split(args.sp_kinds) or ()
     if (

@@ -68,22 +68,24 @@ class GroupComm:
 
 def _routes(topo: Topology):
     """Adjacency with directed link ids, built once per topology."""
-    if "adj" not in topo._memo:
-        g = topo.graph
-        names = list(g.nodes)
-        idx = {v: i for i, v in enumerate(names)}
-        adj: list[list[tuple[int, int]]] = [[] for _ in names]
-        links = []  # directed: (bandwidth, latency, tier index)
-        tier = {t: k for k, t in enumerate(topo.tiers)}
-        for a, b, e in g.edges(data=True):
-            for u, v in ((a, b), (b, a)):
-                adj[idx[u]].append((idx[v], len(links)))
-                links.append((e["bandwidth"], e["latency_s"], tier[e["tier"]]))
-        gpu = [False] * len(names)
-        for v in topo.gpus:
-            gpu[idx[v]] = True
-        topo._memo["adj"] = (adj, links, gpu, [idx[v] for v in topo.gpus])
-    return topo._memo["adj"]
+    return topo.cached("adj", lambda: _make_routes(topo))
+
+
+def _make_routes(topo: Topology):
+    g = topo.graph
+    names = list(g.nodes)
+    idx = {v: i for i, v in enumerate(names)}
+    adj: list[list[tuple[int, int]]] = [[] for _ in names]
+    links = []  # directed: (bandwidth, latency, tier index)
+    tier = {t: k for k, t in enumerate(topo.tiers)}
+    for a, b, e in g.edges(data=True):
+        for u, v in ((a, b), (b, a)):
+            adj[idx[u]].append((idx[v], len(links)))
+            links.append((e["bandwidth"], e["latency_s"], tier[e["tier"]]))
+    gpu = [False] * len(names)
+    for v in topo.gpus:
+        gpu[idx[v]] = True
+    return adj, links, gpu, [idx[v] for v in topo.gpus]
 
 
 def _toward(topo: Topology, t: int, sources=None):
@@ -94,7 +96,7 @@ def _toward(topo: Topology, t: int, sources=None):
     what they need is settled (a ring's neighbour on the same node: a few nodes, not the
     whole fabric). Cached; a later call for a source the stored search did not reach
     searches again, whole."""
-    memo = topo._memo.setdefault("toward", {})
+    memo = topo.cached("toward", dict)
     adj, links, gpu, gpu_idx = _routes(topo)
     found = memo.get(t)
     if found is not None:
@@ -177,7 +179,7 @@ def _bottlenecks(topo: Topology, load: dict[int, float]) -> tuple[list[float], l
 
 def group_comm(topo: Topology, start: int, degree: int) -> GroupComm:
     """The all-to-all cost of the group of ranks start .. start+degree-1 (cached)."""
-    memo = topo._memo.setdefault("a2a", {})
+    memo = topo.cached("a2a", dict)
     key = (start, degree)
     if key in memo:
         return memo[key]
@@ -211,10 +213,10 @@ def group_comm(topo: Topology, start: int, degree: int) -> GroupComm:
 def canonical_class(topo: Topology, start: int, degree: int) -> int:
     """The first placement class seen with the same cost as (start, degree): groups priced
     alike are one kind of group for simulate (one cost call for all of them, as before)."""
-    memo = topo._memo.setdefault("canon", {})
+    memo = topo.cached("canon", dict)
     key = (start, degree)
     if key not in memo:
-        same = topo._memo.setdefault("by_comm", {})
+        same = topo.cached("by_comm", dict)
         memo[key] = same.setdefault((degree, group_comm(topo, start, degree)), start)
     return memo[key]
 
@@ -224,7 +226,7 @@ def group_ring(topo: Topology, start: int, degree: int) -> tuple[float, float]:
     in order (each member sends one chunk to the next at once; cached): a ring step of
     `chunk` bytes takes chunk * load / bandwidth. For ring context parallelism and the
     gradient all-reduce (group_ring(topo, 0, n) = ring_bottleneck)."""
-    memo = topo._memo.setdefault("ring", {})
+    memo = topo.cached("ring", dict)
     key = (start, degree)
     if key not in memo:
         k = len(topo.tiers)
@@ -251,7 +253,7 @@ def default_comm(topo: Topology, degree: int, starts) -> GroupComm:
     `starts` (the classes of its aligned placements): the least per-byte cost and the least
     latency over them. A lower bound of every placement (bounds stay valid); exact where one
     placement is cheapest in both, as on a symmetric fabric (all aligned placements alike)."""
-    memo = topo._memo.setdefault("default", {})
+    memo = topo.cached("default", dict)
     if degree not in memo:
         comms = [group_comm(topo, s, degree) for s in starts]
         best = min(comms, key=lambda g: g.per_byte_s)
@@ -283,7 +285,7 @@ def a2a_time(cluster, sent, d, placement, calls: int):
         if cls > 0:
             rows.append(group_comm(topo, cls - 1, deg))
         else:  # cached by degree: the placements' classes are scanned once
-            known = topo._memo.get("default", {}).get(deg)
+            known = topo.cached("default", dict).get(deg)
             rows.append(known or default_comm(topo, deg, cluster.comm_classes(deg)))
     inverse = inverse.reshape(dd.shape)
     shares = np.array([g.shares for g in rows])[inverse]

@@ -58,6 +58,14 @@ class Topology:
     name: str = ""
     _memo: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
+    def cached(self, name: str, make):
+        """make()'s value under `name`, kept with this topology (its routes and per-group
+        costs: pure functions of the frozen fabric, computed once)."""
+        found = self._memo.get(name)
+        if found is None:
+            found = self._memo[name] = make()
+        return found
+
     def __post_init__(self) -> None:
         for k in ("gpus", "nics", "tiers"):
             object.__setattr__(self, k, tuple(getattr(self, k)))

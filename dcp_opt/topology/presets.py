@@ -1,5 +1,5 @@
-"""Fabrics as built: the two-level cluster as a graph, and presets from vendor reference
-architectures. Bandwidths are per direction, bytes/s (the cluster module's convention).
+"""Clusters by name (`cluster_preset`: the two-level presets and h200xN) and fabrics as
+built: the two-level cluster as a graph, and presets from vendor reference architectures. Bandwidths are per direction, bytes/s (the cluster module's convention).
 
 Sources:
 - GB200 NVL72: NVIDIA GB200 NVL72 data sheet (nvidia.com/en-us/data-center/gb200-nvl72):
@@ -175,3 +175,42 @@ TOPOLOGY_PRESETS = (
     "h100-fattree-2to1",
     "h100x64-fattree-2to1",
 )
+
+
+# Presets. Peak = dense bf16 tensor FLOP/s from the vendor data sheets; bandwidths are per-GPU
+# unidirectional: NVLink4 900 GB/s bidirectional -> ~450 GB/s one way (H100/H200); A100 NVLink3
+# 600 -> 300 GB/s; one 400 Gb/s NDR NIC per GPU -> 50 GB/s (A100 nodes: 200 Gb/s -> 25 GB/s).
+def _h200(nodes: int, name: str) -> Cluster:
+    return Cluster(name, nodes, 8, 141 * GB, 989e12, 450 * GB, 50 * GB)
+
+
+CLUSTER_PRESETS: dict[str, Cluster] = {
+    "h200x8": _h200(1, "h200x8"),
+    "h200x24": _h200(3, "h200x24"),
+    "h200x32": _h200(4, "h200x32"),
+    "h200x256": _h200(32, "h200x256"),
+    "h200x1024": _h200(128, "h200x1024"),
+    "h100x64": Cluster("h100x64", 8, 8, 80 * GB, 989e12, 450 * GB, 50 * GB),
+    "a100x16": Cluster("a100x16", 2, 8, 80 * GB, 312e12, 300 * GB, 25 * GB),
+}
+
+
+def cluster_preset(name: str) -> Cluster:
+    """A preset by name; `h200xN` for any N that is a multiple of 8 (or N <= 8) works too;
+    fabrics with a topology (topology_preset: gb200-nvl72, h100-superpod, ...)."""
+    if name in CLUSTER_PRESETS:
+        return CLUSTER_PRESETS[name]
+    if name.startswith(("gb200-", "h100-", "h100x64-")):
+        found = topology_preset(name)
+        if found is not None:
+            return found
+    if name.startswith("h200x") and name[5:].isdigit():
+        n = int(name[5:])
+        if n >= 1 and (n <= 8 or n % 8 == 0):
+            nodes, per = (1, n) if n <= 8 else (n // 8, 8)
+            return Cluster(name, nodes, per, 141 * GB, 989e12, 450 * GB, 50 * GB)
+    raise DcpOptError(
+        f"cluster: unknown preset {name!r}; allowed: {sorted(CLUSTER_PRESETS)}, h200xN "
+        "(N <= 8 or a multiple of 8), gb200-nvl72, gb200-nvl72xN (N racks), h100-superpod, "
+        "h100-superpod-4n, h100-fattree-2to1, h100x64-fattree-2to1"
+    )

@@ -7,7 +7,7 @@ activations (their sum), but a checkpointed layer keeps only its input, which is
 block's input. The head's per-token time and constant give `head_*_per_token_s` and
 `microbatch_overhead_s`. The all-to-all volume per token per layer is analytic (cost.py,
 DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists,
-and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cp_cost.py,
+and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cost/cp.py,
 Measured rates).
 """
 
@@ -24,7 +24,7 @@ from scipy.optimize import nnls
 
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
-from dcp_opt.cp_cost import CPMeasurement
+from dcp_opt.cost.cp import CPMeasurement
 from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
 from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration, utc_now
 
@@ -193,7 +193,7 @@ def measure_cp_collectives(
     """CPMeasurement of `group` (default: the world): the runtime's own cp collectives
     (runtime/cp.py all_gather_raw of K/V, reduce_scatter_raw of dK/dV), each fitted as
     time = latency + bytes_sent / bw with bytes sent per rank = (d-1)/d of the gathered
-    buffer (dcp_opt/cp_cost.py). `sizes_bytes`: gathered buffer sizes. Every rank calls it."""
+    buffer (dcp_opt/cost/cp.py). `sizes_bytes`: gathered buffer sizes. Every rank calls it."""
     import torch.distributed as dist
 
     from ..cp import all_gather_raw, reduce_scatter_raw

@@ -1,0 +1,98 @@
+"""Memory per GPU: model states under the optimizer-sharding mode, the reserve, and a
+micro-batch's activations at degree d with r recomputed layers (Korthikanti et al. 2022,
+sec. 4; the package docstring); the fewest recomputed layers that fit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch import Batch
+from ..cluster import GB
+from ..errors import InfeasibleError
+from . import cp as cp_cost
+
+SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
+
+
+class Memory:
+    """CostModel's memory (a mixin: reads the fields of dcp_opt.cost.model)."""
+
+    def model_state_bytes(self) -> float:
+        """Peak model-state bytes per GPU in a step as runtime/sharding.py runs the mode
+        (docs/architecture.md, "Sharded, mixed-precision training"). The world reduces the
+        gradients once per step, since groups run different numbers of micro-batches; until
+        then every rank holds the gathered bf16 weights and a full fp32 accumulator. So zero2
+        and zero3 hold the zero1 peak: only the fp32 master weights and moments are sharded."""
+        p, n = self.model.total_params, self.cluster.num_gpus
+        w, g, o = 2.0, 4.0, 12.0
+        if self.optimizer_sharding != "none":
+            o /= n
+        return p * (w + g + o)
+
+    def fixed_bytes(self) -> float:
+        return self.model_state_bytes() + self.coeffs.reserved_bytes
+
+    def _act_bytes(self, d, kind: str):
+        """Saved bytes per local token per layer: the coefficient, plus under cp the
+        gathered K/V of the other members (cp_cost.extra_act_bytes)."""
+        act = self.coeffs.act_bytes_per_token_layer
+        if kind == "ulysses":
+            return act
+        cp_cost.check_kind(self.model, kind)
+        return act + cp_cost.extra_act_bytes(self.model, d)
+
+    def memory(self, tokens, d, recompute_layers=0, kind="ulysses"):
+        """Peak bytes on each member of a degree-d group (elementwise over tokens, d, r)."""
+        co, L = self.coeffs, self.model.num_layers
+        r = np.asarray(recompute_layers, dtype=float)
+        act = self._act_bytes(d, kind)
+        per_token = (
+            (L - r) * act + r * co.ckpt_bytes_per_token_layer + act + co.head_bytes_per_token
+        )
+        return self.fixed_bytes() + np.asarray(tokens, dtype=float) / d * per_token
+
+    def capacity(self, start: int = 0, degree: int = 1) -> float:
+        return self.cluster.group_memory(start, degree) * self.usable_memory_fraction
+
+    def min_recompute(self, tokens, d, capacity=None, kind="ulysses"):
+        """Fewest recomputed layers that fit; -1 where even r = L does not fit. Elementwise:
+        tokens (n,) with a column of degrees and their capacities (D, 1) give (D, n)."""
+        cap = self.capacity() if capacity is None else capacity
+        co, L = self.coeffs, self.model.num_layers
+        t = np.asarray(tokens, dtype=float) / d
+        room = cap - self.fixed_bytes()
+        act = self._act_bytes(d, kind)
+        base = t * ((L + 1) * act + co.head_bytes_per_token)
+        saved_per_layer = t * (act - co.ckpt_bytes_per_token_layer)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = np.ceil((base - room) / np.maximum(saved_per_layer, 1e-30) - 1e-9)
+        r = np.maximum(need, 0)  # np.clip costs more per call
+        return np.where((r <= L) & (room > 0), r, -1).astype(int)
+
+    def micro_batch_memory(self, tokens, d, recompute_layers, kinds) -> np.ndarray:
+        """memory() of micro-batches of groups of several SP kinds (`kinds`: one per
+        micro-batch). A kind this cost model does not offer is priced as Ulysses: validate()
+        reports such a group as BAD_KIND, and its memory is not the question then."""
+        need = self.memory(tokens, d, recompute_layers)
+        cp = np.asarray(kinds) == "cp"
+        if cp.any() and "cp" in self.sp_kinds:
+            need = np.where(cp, self.memory(tokens, d, recompute_layers, "cp"), need)
+        return need
+
+    def check_fits(self, batch: Batch) -> None:
+        """Raise InfeasibleError naming the first sequence that fits nowhere."""
+        dmax = max(self.cluster.allowed_degrees)
+        cap = max(self.capacity(s, dmax) for s in self.cluster.placements(dmax))
+        tokens = self.batch_features(batch)[:, -2]
+        bad = np.flatnonzero(self.min_recompute(tokens, dmax, cap) < 0)
+        if len(bad):
+            s = batch.sequences[int(bad[0])]
+            need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
+            raise InfeasibleError(
+                f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
+                f"{need / GB:.1f} GB per GPU at the largest degree {dmax} with all "
+                f"{self.model.num_layers} layers recomputed; capacity {cap / GB:.1f} GB",
+                sequence_id=s.id,
+                need_bytes=need,
+                capacity_bytes=cap,
+            )
