@@ -17,10 +17,19 @@
   the newest complete checkpoint.
 - Atomic: every rank writes into D/.tmp-step-00000012; rank 0 writes the manifest last,
   renames the folder, then replaces D/latest (os.replace). A save interrupted at any point
-  leaves the previous checkpoint and D/latest as they were; `keep` checkpoints are kept.
+  leaves the previous checkpoint and D/latest as they were.
+- One history per folder: steps only go up. A save below the folder's newest step is refused
+  (a new run in a used folder, or a rollback), unless `new_history=True`: then the
+  checkpoints above the new step (the abandoned history) are deleted once the new one is
+  published. Pruning keeps the `keep` highest steps by number, never the folder `latest`
+  names.
 - Checked before anything is changed, with the same error on every rank: a missing or
   corrupted file (size / CRC32), another model (names, shapes, dtypes), another optimizer
-  class, another dataset or batching (the loader's own check).
+  class, another dataset or batching (the loader's own check), names that leave the folder
+  (`latest`, the manifest's files, symlinks), a manifest that lists no files.
+- Trust: a checkpoint folder is code you trust. DCP unpickles `.metadata` with plain pickle
+  (torch offers no safe reader for it); the CRCs catch damage, not an attacker who rewrites
+  the manifest. Every other object is read with torch.load(weights_only=True).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 import warnings
@@ -38,6 +48,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -50,6 +62,7 @@ from dcp_opt.errors import DcpOptError
 MANIFEST = "dcp_opt.json"
 FORMAT = "dcp_opt.checkpoint"
 VERSION = 1
+STEP_NAME = re.compile(r"step-(\d{8,})")  # f"step-{step:08d}": 8 digits or more
 
 
 @dataclass(frozen=True)
@@ -73,21 +86,39 @@ class CheckpointInfo:
 
 
 def save(
-    directory, *, model, optimizer=None, loader=None, step: int, extra=None, keep: int = 2
+    directory,
+    *,
+    model,
+    optimizer=None,
+    loader=None,
+    step: int,
+    extra=None,
+    keep: int = 2,
+    new_history: bool = False,
 ) -> Path:
     """Write the training state after `step` steps to `directory`/step-<step> (collective:
-    every rank calls it at the same point). `loader`: anything with state_dict(), e.g.
-    DcpLoader or DcpBatchSampler; `extra`: JSON-serialisable. Returns the folder."""
+    every rank calls it at the same point). `loader`: a DcpLoader, a DcpBatchSampler or a
+    torch DataLoader whose batch_sampler is one; `extra`: JSON-serialisable. `keep`: the
+    highest steps kept. A `step` below the folder's newest is refused unless `new_history`:
+    then this save starts a new history and the checkpoints above `step` are deleted once it
+    is published. Returns the folder."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise DcpOptError(f"step: {step!r} not allowed; allowed: an int >= 0")
-    if not isinstance(keep, int) or keep < 1:
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise DcpOptError(f"keep: {keep!r} not allowed; allowed: an int >= 1")
+    if not isinstance(new_history, bool):
+        raise DcpOptError(f"new_history: {new_history!r} not allowed; allowed: True or False")
+    stateful = None if loader is None else stateful_loader(loader)
+    loader_state = None if stateful is None else stateful.state_dict()
     try:
         json.dumps(extra)
+        json.dumps(loader_state)
     except (TypeError, ValueError) as e:
-        raise DcpOptError(f"extra: not JSON-serialisable ({e})") from None
+        what = "extra" if _not_json(extra) else "loader state"
+        raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
     root, name = Path(directory), f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
+    _agree_on(f"checkpoint {root}", None if new_history else _check_history(root, step))
     rank, world = _rank_world()
     fresh = optimizer is not None and not optimizer.state
     state = _state(model, optimizer)
@@ -112,13 +143,13 @@ def save(
             "model": _tensors(state["model"]),
             "optimizer": None if optimizer is None else type(optimizer).__name__,
             "optimizer_state_empty": fresh,
-            "loader": None if loader is None else loader.state_dict(),
+            "loader": loader_state,
             "extra": extra,
             "files": files,
         }
         _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         _publish(root, tmp, final)
-        _prune(root, keep)
+        _prune(root, keep, final, drop_above=step if new_history else None)
     _barrier()
     return final
 
@@ -128,6 +159,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     `model`, `optimizer` and `loader`; returns the step it was saved at (the number of steps
     done). Collective. Any world size: the loader replans the epoch's remaining batches for
     its own cost model. Raises DcpOptError, with nothing changed, on a mismatch."""
+    stateful = None if loader is None else stateful_loader(loader)
     info = read(path) if path is not None else latest(directory)
     if info is None:
         raise DcpOptError(
@@ -138,16 +170,18 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     _agree_on(where, _check_files(info.path, info.manifest))
     _agree_on(where, _check_model(info.manifest, model, optimizer))
     saved_loader = info.manifest["loader"]
-    if loader is not None and saved_loader is None:
+    if stateful is not None and saved_loader is None:
         raise DcpOptError(f"{where}: holds no loader state; allowed: load(..., loader=None)")
-    before = None if loader is None else loader.state_dict()
+    before = None if stateful is None else stateful.state_dict()
     try:
-        if loader is not None:
-            loader.load_state_dict(saved_loader)  # checks before it changes anything
+        if stateful is not None:
+            stateful.load_state_dict(saved_loader)  # checks before it changes anything
         state = _state(model, optimizer)
         world = _rank_world()[1]
         with _one_process(world):
-            dcp.load(state, checkpoint_id=str(info.path), no_dist=world == 1)
+            dcp.load(
+                state, checkpoint_id=str(info.path), no_dist=world == 1, planner=SafeLoadPlanner()
+            )
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -158,7 +192,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
                 optimizer.state.clear()
     except Exception as e:
         if before is not None:
-            loader.load_state_dict(before)
+            stateful.load_state_dict(before)
         if isinstance(e, DcpOptError):
             raise DcpOptError(f"{where}: {e}") from None
         raise
@@ -166,21 +200,60 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
 
 
 def latest(directory) -> CheckpointInfo | None:
-    """The newest complete checkpoint in `directory` (D/latest, else the highest complete
-    step-* folder), or None if there is none."""
+    """The newest complete checkpoint in `directory` (the folder D/latest names, else the
+    highest complete step-* folder by step number), or None if there is none. `latest`
+    must name a step-* folder of `directory`; anything else is refused."""
     root = Path(directory)
     pointer = root / "latest"
     if pointer.is_file():
-        target = root / pointer.read_text().strip()
+        text = pointer.read_text().strip()
+        if not STEP_NAME.fullmatch(text) or pointer.is_symlink():
+            raise DcpOptError(
+                f"checkpoint {root}: latest names {text!r}, not a step-* folder of {root}; "
+                "allowed: a name written by checkpoint.save (step-<8 or more digits>)"
+            )
+        target = root / text
         if (target / MANIFEST).is_file():
             return read(target)
-    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
-    return read(done[-1]) if done else None
+    done = _complete(root)
+    return read(done[-1][1]) if done else None
+
+
+def _complete(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete step-* folder, by step number."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = STEP_NAME.fullmatch(p.name)
+        if m and (p / MANIFEST).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _check_history(root: Path, step: int) -> str | None:
+    """Refuse a save below the folder's newest step: it would go back in the history."""
+    done = _complete(root)
+    if not done or done[-1][0] <= step:
+        return None
+    newest = done[-1][0]
+    return (
+        f"step {step} is below step {newest}, the newest checkpoint here: a save must not go "
+        "back in a folder's history (a new run in a used folder, or a rollback); allowed: a "
+        f"step >= {newest}, another folder, or save(..., new_history=True) to start a new "
+        f"history here, which deletes the checkpoints above step {step} once it is saved"
+    )
 
 
 def read(path) -> CheckpointInfo:
-    """The manifest of the checkpoint folder `path`, checked for its format."""
+    """The manifest of the checkpoint folder `path`, checked for its format and for file
+    names that stay inside the folder."""
     path = Path(path)
+    if path.is_symlink() and path.resolve().parent != path.parent.resolve():
+        raise DcpOptError(
+            f"checkpoint {path}: a link to {path.resolve()}, outside the checkpoint folder "
+            f"{path.parent}; allowed: a folder written there by checkpoint.save"
+        )
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
@@ -201,7 +274,84 @@ def read(path) -> CheckpointInfo:
                 f"checkpoint {path}: {MANIFEST} field {key!r} is {manifest.get(key)!r}; "
                 f"allowed: {kind.__name__}"
             )
+    _check_file_names(path, manifest["files"])
     return CheckpointInfo(path, manifest)
+
+
+def _check_file_names(path: Path, files: dict) -> None:
+    """Every entry a plain file name of `path` with its size and CRC32 (DCP's .metadata
+    among them), and none that leads outside the folder (`..`, absolute, a symlink)."""
+    if ".metadata" not in files:
+        raise DcpOptError(
+            f"checkpoint {path}: {MANIFEST} field 'files' lists {sorted(files)[:5]}, without "
+            "DCP's .metadata; allowed: the files checkpoint.save wrote, each with its size "
+            "and CRC32"
+        )
+    inside = path.resolve()
+    for name, entry in files.items():
+        plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name
+        if not plain or (path / name).resolve().parent != inside:
+            raise DcpOptError(
+                f"checkpoint {path}: the manifest names {name!r}, not a file of the checkpoint "
+                "folder; allowed: plain names of files inside it"
+            )
+        if not (isinstance(entry, dict) and entry.keys() == {"bytes", "crc32"}):
+            raise DcpOptError(
+                f"checkpoint {path}: {MANIFEST} field 'files' entry {name!r} is {entry!r}; "
+                "allowed: {'bytes': int, 'crc32': hex string}"
+            )
+
+
+def stateful_loader(loader):
+    """What holds the loader state of `loader`: a DcpLoader or DcpBatchSampler itself, the
+    DcpBatchSampler of a torch DataLoader built with batch_sampler=it, or any other object
+    with state_dict() and load_state_dict(). Anything else is refused, naming what to pass."""
+    from torch.utils.data import DataLoader
+
+    from .data import DcpBatchSampler, DcpLoader
+
+    if isinstance(loader, (DcpLoader, DcpBatchSampler)):
+        return loader
+    allowed = (
+        "allowed: a DcpLoader, a DcpBatchSampler, or a DataLoader built with "
+        "batch_sampler=DcpBatchSampler(...)"
+    )
+    if isinstance(loader, DataLoader):
+        if isinstance(loader.batch_sampler, DcpBatchSampler):
+            return loader.batch_sampler
+        inner = type(loader.batch_sampler).__name__
+        raise DcpOptError(
+            f"loader: a {type(loader).__name__} whose batch_sampler is a {inner}, which holds "
+            f"no dcp_opt loader state; {allowed}"
+        )
+    if callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    ):
+        return loader
+    raise DcpOptError(f"loader: a {type(loader).__name__} has no state_dict(); {allowed}")
+
+
+def _not_json(value) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return True
+    return False
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, with its non-tensor items (optimizer param_groups, step
+    counts) read by torch.load(weights_only=True) instead of weights_only=False (DCP reads
+    tensors that way already); .metadata stays plain pickle, which torch does not offer
+    otherwise (the module docstring's trust note)."""
+
+    def load_bytes(self, read_item, value) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes (torch 2.13)
+            path = self.mappings[read_item.dest_index.fqn]
+            set_element(self.original_state_dict, path, obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 # ---- state dicts ----------------------------------------------------------------------------
@@ -299,10 +449,18 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
     os.replace(root / ".latest.tmp", root / "latest")
 
 
-def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
-    for p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
+def _prune(root: Path, keep: int, current: Path, *, drop_above: int | None) -> None:
+    """Keep the `keep` highest steps by number and always `current` (what D/latest names);
+    with `drop_above` (a new history), first delete every checkpoint above that step."""
+    done = _complete(root)
+    if drop_above is not None:
+        for s, p in done:
+            if s > drop_above and p != current:
+                shutil.rmtree(p, ignore_errors=True)
+        done = [(s, p) for s, p in done if s <= drop_above]
+    for _, p in done[:-keep]:
+        if p != current:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 # ---- collectives (none when torch.distributed is not initialised) ---------------------------
