@@ -59,6 +59,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from dcp_opt.errors import DcpOptError
 
+from .wire import all_gather_json
+
 MANIFEST = "dcp_opt.json"
 FORMAT = "dcp_opt.checkpoint"
 VERSION = 1
@@ -488,16 +490,12 @@ def _barrier() -> None:
 def _gather(part: dict) -> dict:
     if _rank_world()[1] == 1:
         return part
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, part)
-    return {k: v for p in parts for k, v in p.items()}
+    return {k: v for p in all_gather_json(part) for k, v in p.items()}
 
 
 def _agree_on(where: str, error: str | None) -> None:
     """Raise the first rank's error on every rank (each rank checked its share)."""
     if _rank_world()[1] > 1:
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, error)
-        error = next((e for e in every if e is not None), None)
+        error = next((e for e in all_gather_json(error) if e is not None), None)
     if error is not None:
         raise DcpOptError(f"{where}: {error}")
