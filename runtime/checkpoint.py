@@ -112,12 +112,11 @@ def save(
         raise DcpOptError(f"new_history: {new_history!r} not allowed; allowed: True or False")
     stateful = None if loader is None else stateful_loader(loader)
     loader_state = None if stateful is None else stateful.state_dict()
-    try:
-        json.dumps(extra)
-        json.dumps(loader_state)
-    except (TypeError, ValueError) as e:
-        what = "extra" if _not_json(extra) else "loader state"
-        raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
+    for what, value in (("extra", extra), ("loader state", loader_state)):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
     root, name = Path(directory), f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
     _agree_on(f"checkpoint {root}", None if new_history else _check_history(root, step))
@@ -331,14 +330,6 @@ def stateful_loader(loader):
     ):
         return loader
     raise DcpOptError(f"loader: a {type(loader).__name__} has no state_dict(); {allowed}")
-
-
-def _not_json(value) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return True
-    return False
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
