@@ -37,11 +37,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +57,21 @@ from torch.distributed.checkpoint.state_dict import (
 
 from dcp_opt.errors import DcpOptError
 
+from .checkpoint_folder import (
+    MANIFEST,
+    STEP_NAME,
+    check_file_names,
+    check_files,
+    complete_steps,
+    file_sums,
+    history_error,
+    prune,
+    write_file,
+)
 from .wire import all_gather_json
 
-MANIFEST = "dcp_opt.json"
 FORMAT = "dcp_opt.checkpoint"
 VERSION = 1
-STEP_NAME = re.compile(r"step-(\d{8,})")  # f"step-{step:08d}": 8 digits or more
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ def save(
             raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
     root, name = Path(directory), f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
-    _agree_on(f"checkpoint {root}", None if new_history else _check_history(root, step))
+    _agree_on(f"checkpoint {root}", None if new_history else history_error(root, step))
     rank, world = _rank_world()
     fresh = optimizer is not None and not optimizer.state
     state = _state(model, optimizer)
@@ -133,7 +140,7 @@ def save(
     with _one_process(world):
         dcp.save(state, checkpoint_id=str(tmp), no_dist=world == 1)
     _barrier()
-    files = _gather(_file_sums(tmp, rank, world))
+    files = _gather(file_sums(tmp, rank, world))
     if rank == 0:
         manifest = {
             "format": FORMAT,
@@ -148,9 +155,9 @@ def save(
             "extra": extra,
             "files": files,
         }
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         _publish(root, tmp, final)
-        _prune(root, keep, final, drop_above=step if new_history else None)
+        prune(root, keep, final, drop_above=step if new_history else None)
     _barrier()
     return final
 
@@ -168,7 +175,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
             " and no step-* folder with a manifest)"
         )
     where = f"checkpoint {info.path}"
-    _agree_on(where, _check_files(info.path, info.manifest))
+    _agree_on(where, check_files(info.path, info.manifest, *_rank_world()))
     _agree_on(where, _check_model(info.manifest, model, optimizer))
     saved_loader = info.manifest["loader"]
     if stateful is not None and saved_loader is None:
@@ -216,34 +223,8 @@ def latest(directory) -> CheckpointInfo | None:
         target = root / text
         if (target / MANIFEST).is_file():
             return read(target)
-    done = _complete(root)
+    done = complete_steps(root)
     return read(done[-1][1]) if done else None
-
-
-def _complete(root: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete step-* folder, by step number."""
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = STEP_NAME.fullmatch(p.name)
-        if m and (p / MANIFEST).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def _check_history(root: Path, step: int) -> str | None:
-    """Refuse a save below the folder's newest step: it would go back in the history."""
-    done = _complete(root)
-    if not done or done[-1][0] <= step:
-        return None
-    newest = done[-1][0]
-    return (
-        f"step {step} is below step {newest}, the newest checkpoint here: a save must not go "
-        "back in a folder's history (a new run in a used folder, or a rollback); allowed: a "
-        f"step >= {newest}, another folder, or save(..., new_history=True) to start a new "
-        f"history here, which deletes the checkpoints above step {step} once it is saved"
-    )
 
 
 def read(path) -> CheckpointInfo:
@@ -275,32 +256,8 @@ def read(path) -> CheckpointInfo:
                 f"checkpoint {path}: {MANIFEST} field {key!r} is {manifest.get(key)!r}; "
                 f"allowed: {kind.__name__}"
             )
-    _check_file_names(path, manifest["files"])
+    check_file_names(path, manifest["files"])
     return CheckpointInfo(path, manifest)
-
-
-def _check_file_names(path: Path, files: dict) -> None:
-    """Every entry a plain file name of `path` with its size and CRC32 (DCP's .metadata
-    among them), and none that leads outside the folder (`..`, absolute, a symlink)."""
-    if ".metadata" not in files:
-        raise DcpOptError(
-            f"checkpoint {path}: {MANIFEST} field 'files' lists {sorted(files)[:5]}, without "
-            "DCP's .metadata; allowed: the files checkpoint.save wrote, each with its size "
-            "and CRC32"
-        )
-    inside = path.resolve()
-    for name, entry in files.items():
-        plain = name not in ("", ".", "..") and "/" not in name and "\\" not in name
-        if not plain or (path / name).resolve().parent != inside:
-            raise DcpOptError(
-                f"checkpoint {path}: the manifest names {name!r}, not a file of the checkpoint "
-                "folder; allowed: plain names of files inside it"
-            )
-        if not (isinstance(entry, dict) and entry.keys() == {"bytes", "crc32"}):
-            raise DcpOptError(
-                f"checkpoint {path}: {MANIFEST} field 'files' entry {name!r} is {entry!r}; "
-                "allowed: {'bytes': int, 'crc32': hex string}"
-            )
 
 
 def stateful_loader(loader):
@@ -390,44 +347,6 @@ def _check_model(manifest: dict, model, optimizer) -> str | None:
     return None
 
 
-# ---- files ----------------------------------------------------------------------------------
-def _file_sums(folder: Path, rank: int, world: int) -> dict:
-    """Size and CRC32 of this rank's share of the folder's files (every world-th name)."""
-    names = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
-    return {n: _sum(folder / n) for n in names[rank::world]}
-
-
-def _sum(path: Path) -> dict:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-    return {"bytes": size, "crc32": f"{crc:08x}"}
-
-
-def _check_files(folder: Path, manifest: dict) -> str | None:
-    rank, world = _rank_world()
-    names = sorted(manifest["files"])
-    for name in names[rank::world]:
-        want = manifest["files"][name]
-        if not (folder / name).is_file():
-            return f"file {name} is missing (the manifest lists {len(names)} files)"
-        got = _sum(folder / name)
-        if got != want:
-            return (
-                f"file {name} is corrupted: {got['bytes']} bytes, crc32 {got['crc32']}; the "
-                f"manifest says {want['bytes']} bytes, crc32 {want['crc32']}"
-            )
-    return None
-
-
-def _write_file(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _publish(root: Path, tmp: Path, final: Path) -> None:
     """Make the finished folder the checkpoint, then point D/latest at it."""
     if final.exists():  # the same step saved again: the new copy is complete, swap it in
@@ -438,22 +357,8 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _write_file(root / ".latest.tmp", final.name + "\n")
+    write_file(root / ".latest.tmp", final.name + "\n")
     os.replace(root / ".latest.tmp", root / "latest")
-
-
-def _prune(root: Path, keep: int, current: Path, *, drop_above: int | None) -> None:
-    """Keep the `keep` highest steps by number and always `current` (what D/latest names);
-    with `drop_above` (a new history), first delete every checkpoint above that step."""
-    done = _complete(root)
-    if drop_above is not None:
-        for s, p in done:
-            if s > drop_above and p != current:
-                shutil.rmtree(p, ignore_errors=True)
-        done = [(s, p) for s, p in done if s <= drop_above]
-    for _, p in done[:-keep]:
-        if p != current:
-            shutil.rmtree(p, ignore_errors=True)
 
 
 # ---- collectives (none when torch.distributed is not initialised) ---------------------------
