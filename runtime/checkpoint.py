@@ -27,9 +27,10 @@
   corrupted file (size / CRC32), another model (names, shapes, dtypes), another optimizer
   class, another dataset or batching (the loader's own check), names that leave the folder
   (`latest`, the manifest's files, symlinks), a manifest that lists no files.
-- Trust: a checkpoint folder is code you trust. DCP unpickles `.metadata` with plain pickle
-  (torch offers no safe reader for it); the CRCs catch damage, not an attacker who rewrites
-  the manifest. Every other object is read with torch.load(weights_only=True).
+- Trust: a checkpoint folder is code you trust. The CRCs catch damage, not an attacker who
+  rewrites the manifest. Reading narrows what a crafted folder can do
+  (runtime/checkpoint_safe.py): every torch.load is weights_only=True, and `.metadata`,
+  which DCP would unpickle with plain pickle, is read allowing only DCP's metadata classes.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -68,6 +67,7 @@ from .checkpoint_folder import (
     prune,
     write_file,
 )
+from .checkpoint_safe import SafeLoadPlanner, SafeReader, metadata_error
 from .wire import all_gather_json
 
 FORMAT = "dcp_opt.checkpoint"
@@ -177,6 +177,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     where = f"checkpoint {info.path}"
     _agree_on(where, check_files(info.path, info.manifest, *_rank_world()))
     _agree_on(where, _check_model(info.manifest, model, optimizer))
+    _agree_on(where, metadata_error(info.path))
     saved_loader = info.manifest["loader"]
     if stateful is not None and saved_loader is None:
         raise DcpOptError(f"{where}: holds no loader state; allowed: load(..., loader=None)")
@@ -188,7 +189,11 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
         world = _rank_world()[1]
         with _one_process(world):
             dcp.load(
-                state, checkpoint_id=str(info.path), no_dist=world == 1, planner=SafeLoadPlanner()
+                state,
+                checkpoint_id=str(info.path),
+                storage_reader=SafeReader(info.path),
+                planner=SafeLoadPlanner(),
+                no_dist=world == 1,
             )
         if optimizer is None:
             set_model_state_dict(model, state["model"])
@@ -287,21 +292,6 @@ def stateful_loader(loader):
     ):
         return loader
     raise DcpOptError(f"loader: a {type(loader).__name__} has no state_dict(); {allowed}")
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, with its non-tensor items (optimizer param_groups, step
-    counts) read by torch.load(weights_only=True) instead of weights_only=False (DCP reads
-    tensors that way already); .metadata stays plain pickle, which torch does not offer
-    otherwise (the module docstring's trust note)."""
-
-    def load_bytes(self, read_item, value) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes (torch 2.13)
-            path = self.mappings[read_item.dest_index.fqn]
-            set_element(self.original_state_dict, path, obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 # ---- state dicts ----------------------------------------------------------------------------

@@ -2,18 +2,22 @@
 number and never deletes what `latest` names, a save below the folder's newest step is
 refused unless the run says it starts a new history, names from `latest` and the manifest
 stay inside the folder, a manifest with no files is refused, non-tensor state is unpickled
-with torch's safe loader, and `loader=` takes what a user naturally passes (issue 28 item 4).
+with torch's safe loader and `.metadata` with an allowlist, and `loader=` takes what a user
+naturally passes (issue 28 item 4).
 
 One process, no torch.distributed: the folder logic is rank 0's alone."""
 
 from __future__ import annotations
 
 import json
+import os
+import pickle
 import shutil
 
 import pytest
 import torch
 from dcp_opt.runtime import checkpoint
+from dcp_opt.runtime.checkpoint_folder import file_sum
 from torch.utils.data import DataLoader
 
 from dcp_opt import DcpOptError
@@ -197,6 +201,30 @@ def test_every_torch_load_of_a_checkpoint_is_weights_only(tmp_path, monkeypatch)
     assert checkpoint.load(tmp_path, model=m, optimizer=o, loader=ld) == 1
     assert seen and all(w is True for w in seen), seen  # torch's own planner passed False
     assert o.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+
+
+class Crafted:
+    """Unpickles to os.system(...): what the issue's crafted .metadata ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_metadata_is_refused_and_runs_nothing(tmp_path):
+    root = tmp_path / "ckpt"
+    old_run(root, steps=(1,))
+    folder, marker = root / "step-00000001", tmp_path / "ran"
+    (folder / ".metadata").write_bytes(pickle.dumps(Crafted(marker)))
+    # the manifest rewritten to match, as the attack did: the CRCs cannot tell
+    rewrite_manifest(
+        folder, lambda m: m["files"].update({".metadata": file_sum(folder / ".metadata")})
+    )
+    with pytest.raises(DcpOptError, match=r"\.metadata refused: posix\.system is not a class"):
+        checkpoint.load(root, model=build(1)[0])
+    assert not marker.exists()  # today's code ran the command
 
 
 # ---- loader= takes what a user passes -------------------------------------------------------------
