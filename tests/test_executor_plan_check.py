@@ -5,7 +5,8 @@ hand-made plans trained without a word (measured with the code before this test:
 plan's loss is 3.669; a sequence twice gave 4.678, a sequence missing 2.983, overlapping
 groups, two of four sequences never trained, 1.579, loss_normalizer 1.0 gave 88.06). Now
 each fails on both ranks with InvalidPlanError naming its violation, with no collective
-issued (every torch.distributed collective is counted) and no gradient written."""
+issued (every torch.distributed collective is counted) and no gradient written; so does a
+recompute_layers beyond the model's layers."""
 
 from __future__ import annotations
 
@@ -50,6 +51,10 @@ def bad_plans(kind: str = "tokens") -> dict[str, Plan]:
         # rank 1 is in both: it runs the first group it finds, so 2 and 3 never train
         "overlap": with_groups(ok, Group(0, 2, mbs(0, 1)), Group(1, 1, mbs(2, 3))),
         "normalizer": replace(ok, loss_normalizer=1.0),
+        # TinyLM has 3 layers (its `layers`): 4 is what no cost model for it can mean
+        "recompute": with_groups(
+            ok, Group(0, 1, mbs(0, 1)), Group(1, 1, (MicroBatch((2,), 0), MicroBatch((3,), 4)))
+        ),
     }
 
 
@@ -58,6 +63,7 @@ CODES = {
     "missing": "MISSING_SEQUENCE",
     "overlap": "RANK_OVERLAP",
     "normalizer": "BAD_NORMALIZER",
+    "recompute": "BAD_RECOMPUTE",
 }
 
 
@@ -192,3 +198,19 @@ def test_no_phase_and_a_wrong_normaliser_kind_count():
     assert tokens.loss_normalizer == BATCH.num_tokens == 24
     assert plan_check.plan_violations(tokens, 2) == []
     assert plan_check.plan_violations(replace(tokens, loss_normalizer=23.0), 2, batch=BATCH)
+
+
+def test_the_layer_count_comes_from_the_model():
+    from dcp_opt.runtime.executor import _num_layers
+    from torch import nn
+
+    class Config:
+        num_hidden_layers = 5
+
+    hf_like = nn.Linear(1, 1)
+    hf_like.config = Config()
+    assert _num_layers(make_model("1d", 0)) == 3  # TinyLM.layers
+    assert _num_layers(hf_like) == 5  # a transformers model's config
+    Config.num_hidden_layers = True
+    assert _num_layers(hf_like) is None  # not a count: only recompute >= 0 is checked
+    assert _num_layers(nn.Linear(1, 1)) is None
