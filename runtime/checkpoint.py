@@ -228,7 +228,17 @@ def latest(directory) -> CheckpointInfo | None:
         target = root / text
         if (target / MANIFEST).is_file():
             return read(target)
+        dangling = text
+    else:
+        dangling = None
     done = complete_steps(root)
+    if dangling is not None:  # never left by save; by a hand, or by dcp_opt before issue 29
+        got = f"the highest complete step, {done[-1][1].name}" if done else "nothing"
+        warnings.warn(
+            f"checkpoint {root}: latest names {dangling}, which is not a complete "
+            f"checkpoint; using {got}",
+            stacklevel=2,
+        )
     return read(done[-1][1]) if done else None
 
 

@@ -99,6 +99,14 @@ def test_pruning_orders_by_step_number_past_eight_digits(tmp_path):
     assert info.path.name == "step-100000000"
 
 
+def test_a_dangling_latest_is_said(tmp_path):
+    # What the old code left after a new run's save(step=5, keep=2) beside 95 and 100.
+    old_run(tmp_path)
+    (tmp_path / "latest").write_text("step-00000005\n")
+    with pytest.warns(UserWarning, match="latest names step-00000005, which is not a complete"):
+        assert checkpoint.latest(tmp_path).step == 100
+
+
 def test_the_same_step_saved_again_replaces_it(tmp_path):
     model, opt, loader = old_run(tmp_path, steps=(3,))
     checkpoint.save(tmp_path, model=model, optimizer=opt, loader=loader, step=3, extra={"b": 2})
