@@ -17,10 +17,20 @@
   the newest complete checkpoint.
 - Atomic: every rank writes into D/.tmp-step-00000012; rank 0 writes the manifest last,
   renames the folder, then replaces D/latest (os.replace). A save interrupted at any point
-  leaves the previous checkpoint and D/latest as they were; `keep` checkpoints are kept.
+  leaves the previous checkpoint and D/latest as they were.
+- One history per folder: steps only go up. A save below the folder's newest step is refused
+  (a new run in a used folder, or a rollback), unless `new_history=True`: then the
+  checkpoints above the new step (the abandoned history) are deleted once the new one is
+  published. Pruning keeps the `keep` highest steps by number, never the folder `latest`
+  names.
 - Checked before anything is changed, with the same error on every rank: a missing or
   corrupted file (size / CRC32), another model (names, shapes, dtypes), another optimizer
-  class, another dataset or batching (the loader's own check).
+  class, another dataset or batching (the loader's own check), names that leave the folder
+  (`latest`, the manifest's files, symlinks), a manifest that lists no files.
+- Trust: a checkpoint folder is code you trust. The CRCs catch damage, not an attacker who
+  rewrites the manifest. Reading narrows what a crafted folder can do
+  (runtime/checkpoint_safe.py): every torch.load is weights_only=True, and `.metadata`,
+  which DCP would unpickle with plain pickle, is read allowing only DCP's metadata classes.
 """
 
 from __future__ import annotations
@@ -31,7 +41,6 @@ import os
 import shutil
 import time
 import warnings
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +56,20 @@ from torch.distributed.checkpoint.state_dict import (
 
 from dcp_opt.errors import DcpOptError
 
-MANIFEST = "dcp_opt.json"
+from .checkpoint_folder import (
+    MANIFEST,
+    STEP_NAME,
+    check_file_names,
+    check_files,
+    complete_steps,
+    file_sums,
+    history_error,
+    prune,
+    write_file,
+)
+from .checkpoint_safe import SafeLoadPlanner, SafeReader, metadata_error
+from .wire import all_gather_json
+
 FORMAT = "dcp_opt.checkpoint"
 VERSION = 1
 
@@ -73,21 +95,38 @@ class CheckpointInfo:
 
 
 def save(
-    directory, *, model, optimizer=None, loader=None, step: int, extra=None, keep: int = 2
+    directory,
+    *,
+    model,
+    optimizer=None,
+    loader=None,
+    step: int,
+    extra=None,
+    keep: int = 2,
+    new_history: bool = False,
 ) -> Path:
     """Write the training state after `step` steps to `directory`/step-<step> (collective:
-    every rank calls it at the same point). `loader`: anything with state_dict(), e.g.
-    DcpLoader or DcpBatchSampler; `extra`: JSON-serialisable. Returns the folder."""
+    every rank calls it at the same point). `loader`: a DcpLoader, a DcpBatchSampler or a
+    torch DataLoader whose batch_sampler is one; `extra`: JSON-serialisable. `keep`: the
+    highest steps kept. A `step` below the folder's newest is refused unless `new_history`:
+    then this save starts a new history and the checkpoints above `step` are deleted once it
+    is published. Returns the folder."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise DcpOptError(f"step: {step!r} not allowed; allowed: an int >= 0")
-    if not isinstance(keep, int) or keep < 1:
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise DcpOptError(f"keep: {keep!r} not allowed; allowed: an int >= 1")
-    try:
-        json.dumps(extra)
-    except (TypeError, ValueError) as e:
-        raise DcpOptError(f"extra: not JSON-serialisable ({e})") from None
+    if not isinstance(new_history, bool):
+        raise DcpOptError(f"new_history: {new_history!r} not allowed; allowed: True or False")
+    stateful = None if loader is None else stateful_loader(loader)
+    loader_state = None if stateful is None else stateful.state_dict()
+    for what, value in (("extra", extra), ("loader state", loader_state)):
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as e:
+            raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
     root, name = Path(directory), f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
+    _agree_on(f"checkpoint {root}", None if new_history else history_error(root, step))
     rank, world = _rank_world()
     fresh = optimizer is not None and not optimizer.state
     state = _state(model, optimizer)
@@ -101,7 +140,7 @@ def save(
     with _one_process(world):
         dcp.save(state, checkpoint_id=str(tmp), no_dist=world == 1)
     _barrier()
-    files = _gather(_file_sums(tmp, rank, world))
+    files = _gather(file_sums(tmp, rank, world))
     if rank == 0:
         manifest = {
             "format": FORMAT,
@@ -112,13 +151,13 @@ def save(
             "model": _tensors(state["model"]),
             "optimizer": None if optimizer is None else type(optimizer).__name__,
             "optimizer_state_empty": fresh,
-            "loader": None if loader is None else loader.state_dict(),
+            "loader": loader_state,
             "extra": extra,
             "files": files,
         }
-        _write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        write_file(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         _publish(root, tmp, final)
-        _prune(root, keep)
+        prune(root, keep, final, drop_above=step if new_history else None)
     _barrier()
     return final
 
@@ -128,6 +167,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     `model`, `optimizer` and `loader`; returns the step it was saved at (the number of steps
     done). Collective. Any world size: the loader replans the epoch's remaining batches for
     its own cost model. Raises DcpOptError, with nothing changed, on a mismatch."""
+    stateful = None if loader is None else stateful_loader(loader)
     info = read(path) if path is not None else latest(directory)
     if info is None:
         raise DcpOptError(
@@ -135,19 +175,26 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
             " and no step-* folder with a manifest)"
         )
     where = f"checkpoint {info.path}"
-    _agree_on(where, _check_files(info.path, info.manifest))
+    _agree_on(where, check_files(info.path, info.manifest, *_rank_world()))
     _agree_on(where, _check_model(info.manifest, model, optimizer))
+    _agree_on(where, metadata_error(info.path))
     saved_loader = info.manifest["loader"]
-    if loader is not None and saved_loader is None:
+    if stateful is not None and saved_loader is None:
         raise DcpOptError(f"{where}: holds no loader state; allowed: load(..., loader=None)")
-    before = None if loader is None else loader.state_dict()
+    before = None if stateful is None else stateful.state_dict()
     try:
-        if loader is not None:
-            loader.load_state_dict(saved_loader)  # checks before it changes anything
+        if stateful is not None:
+            stateful.load_state_dict(saved_loader)  # checks before it changes anything
         state = _state(model, optimizer)
         world = _rank_world()[1]
         with _one_process(world):
-            dcp.load(state, checkpoint_id=str(info.path), no_dist=world == 1)
+            dcp.load(
+                state,
+                checkpoint_id=str(info.path),
+                storage_reader=SafeReader(info.path),
+                planner=SafeLoadPlanner(),
+                no_dist=world == 1,
+            )
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -158,7 +205,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
                 optimizer.state.clear()
     except Exception as e:
         if before is not None:
-            loader.load_state_dict(before)
+            stateful.load_state_dict(before)
         if isinstance(e, DcpOptError):
             raise DcpOptError(f"{where}: {e}") from None
         raise
@@ -166,21 +213,44 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
 
 
 def latest(directory) -> CheckpointInfo | None:
-    """The newest complete checkpoint in `directory` (D/latest, else the highest complete
-    step-* folder), or None if there is none."""
+    """The newest complete checkpoint in `directory` (the folder D/latest names, else the
+    highest complete step-* folder by step number), or None if there is none. `latest`
+    must name a step-* folder of `directory`; anything else is refused."""
     root = Path(directory)
     pointer = root / "latest"
     if pointer.is_file():
-        target = root / pointer.read_text().strip()
+        text = pointer.read_text().strip()
+        if not STEP_NAME.fullmatch(text) or pointer.is_symlink():
+            raise DcpOptError(
+                f"checkpoint {root}: latest names {text!r}, not a step-* folder of {root}; "
+                "allowed: a name written by checkpoint.save (step-<8 or more digits>)"
+            )
+        target = root / text
         if (target / MANIFEST).is_file():
             return read(target)
-    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
-    return read(done[-1]) if done else None
+        dangling = text
+    else:
+        dangling = None
+    done = complete_steps(root)
+    if dangling is not None:  # never left by save; by a hand, or by dcp_opt before issue 29
+        got = f"the highest complete step, {done[-1][1].name}" if done else "nothing"
+        warnings.warn(
+            f"checkpoint {root}: latest names {dangling}, which is not a complete "
+            f"checkpoint; using {got}",
+            stacklevel=2,
+        )
+    return read(done[-1][1]) if done else None
 
 
 def read(path) -> CheckpointInfo:
-    """The manifest of the checkpoint folder `path`, checked for its format."""
+    """The manifest of the checkpoint folder `path`, checked for its format and for file
+    names that stay inside the folder."""
     path = Path(path)
+    if path.is_symlink() and path.resolve().parent != path.parent.resolve():
+        raise DcpOptError(
+            f"checkpoint {path}: a link to {path.resolve()}, outside the checkpoint folder "
+            f"{path.parent}; allowed: a folder written there by checkpoint.save"
+        )
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
@@ -201,7 +271,37 @@ def read(path) -> CheckpointInfo:
                 f"checkpoint {path}: {MANIFEST} field {key!r} is {manifest.get(key)!r}; "
                 f"allowed: {kind.__name__}"
             )
+    check_file_names(path, manifest["files"])
     return CheckpointInfo(path, manifest)
+
+
+def stateful_loader(loader):
+    """What holds the loader state of `loader`: a DcpLoader or DcpBatchSampler itself, the
+    DcpBatchSampler of a torch DataLoader built with batch_sampler=it, or any other object
+    with state_dict() and load_state_dict(). Anything else is refused, naming what to pass."""
+    from torch.utils.data import DataLoader
+
+    from .data import DcpBatchSampler, DcpLoader
+
+    if isinstance(loader, (DcpLoader, DcpBatchSampler)):
+        return loader
+    allowed = (
+        "allowed: a DcpLoader, a DcpBatchSampler, or a DataLoader built with "
+        "batch_sampler=DcpBatchSampler(...)"
+    )
+    if isinstance(loader, DataLoader):
+        if isinstance(loader.batch_sampler, DcpBatchSampler):
+            return loader.batch_sampler
+        inner = type(loader.batch_sampler).__name__
+        raise DcpOptError(
+            f"loader: a {type(loader).__name__} whose batch_sampler is a {inner}, which holds "
+            f"no dcp_opt loader state; {allowed}"
+        )
+    if callable(getattr(loader, "state_dict", None)) and callable(
+        getattr(loader, "load_state_dict", None)
+    ):
+        return loader
+    raise DcpOptError(f"loader: a {type(loader).__name__} has no state_dict(); {allowed}")
 
 
 # ---- state dicts ----------------------------------------------------------------------------
@@ -247,44 +347,6 @@ def _check_model(manifest: dict, model, optimizer) -> str | None:
     return None
 
 
-# ---- files ----------------------------------------------------------------------------------
-def _file_sums(folder: Path, rank: int, world: int) -> dict:
-    """Size and CRC32 of this rank's share of the folder's files (every world-th name)."""
-    names = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
-    return {n: _sum(folder / n) for n in names[rank::world]}
-
-
-def _sum(path: Path) -> dict:
-    crc, size = 0, 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-    return {"bytes": size, "crc32": f"{crc:08x}"}
-
-
-def _check_files(folder: Path, manifest: dict) -> str | None:
-    rank, world = _rank_world()
-    names = sorted(manifest["files"])
-    for name in names[rank::world]:
-        want = manifest["files"][name]
-        if not (folder / name).is_file():
-            return f"file {name} is missing (the manifest lists {len(names)} files)"
-        got = _sum(folder / name)
-        if got != want:
-            return (
-                f"file {name} is corrupted: {got['bytes']} bytes, crc32 {got['crc32']}; the "
-                f"manifest says {want['bytes']} bytes, crc32 {want['crc32']}"
-            )
-    return None
-
-
-def _write_file(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _publish(root: Path, tmp: Path, final: Path) -> None:
     """Make the finished folder the checkpoint, then point D/latest at it."""
     if final.exists():  # the same step saved again: the new copy is complete, swap it in
@@ -295,14 +357,8 @@ def _publish(root: Path, tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _write_file(root / ".latest.tmp", final.name + "\n")
+    write_file(root / ".latest.tmp", final.name + "\n")
     os.replace(root / ".latest.tmp", root / "latest")
-
-
-def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if (p / MANIFEST).is_file())
-    for p in done[:-keep]:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 # ---- collectives (none when torch.distributed is not initialised) ---------------------------
@@ -330,16 +386,12 @@ def _barrier() -> None:
 def _gather(part: dict) -> dict:
     if _rank_world()[1] == 1:
         return part
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, part)
-    return {k: v for p in parts for k, v in p.items()}
+    return {k: v for p in all_gather_json(part) for k, v in p.items()}
 
 
 def _agree_on(where: str, error: str | None) -> None:
     """Raise the first rank's error on every rank (each rank checked its share)."""
     if _rank_world()[1] > 1:
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, error)
-        error = next((e for e in every if e is not None), None)
+        error = next((e for e in all_gather_json(error) if e is not None), None)
     if error is not None:
         raise DcpOptError(f"{where}: {error}")

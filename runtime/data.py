@@ -18,8 +18,8 @@ every rank, and loaded so that each rank reads only the samples its groups train
 - Planning runs in a background thread, `prefetch` batches ahead of training, with the
   optimizing planner ("cpsat") when it is built and "greedy" otherwise, through the public
   `dcp_opt.solvers.run_planner` (never solver internals).
-- Agreement: `agree="broadcast"` plans on rank 0 only and broadcasts the plan JSON from the
-  main thread on a gloo group of its own (made by the sampler), so it never interleaves with
+- Agreement: `agree="broadcast"` plans on rank 0 only and broadcasts the plan JSON (as bytes,
+  runtime/wire.py: never pickle) from the main thread on a gloo group of its own (made by the sampler), so it never interleaves with
   the training step's collectives nor touches a GPU stream, even when a DataLoader asks for
   batches ahead; every broadcast names its (epoch, batch), checked on receipt.
   `agree="deterministic"` plans on every rank with a deterministic planner (greedy, or cpsat
@@ -219,12 +219,10 @@ class DcpBatchSampler(Sampler[list[int]]):
                 mine = (epoch, index, *ahead.get())
             except Exception as e:  # noqa: BLE001 (every rank must learn of it, not just rank 0)
                 mine = (epoch, index, "error", f"{type(e).__name__}: {e}")
-        if self._channel is not None:
-            import torch.distributed as dist
+        if self._channel is not None:  # JSON bytes, never pickle (runtime/wire.py)
+            from .wire import broadcast_json
 
-            box = [mine]
-            dist.broadcast_object_list(box, src=global_src(self.group), group=self._channel)
-            mine = box[0]
+            mine = broadcast_json(mine, src=global_src(self.group), group=self._channel)
         got_epoch, got_index, text, summary = mine
         if (got_epoch, got_index) != (epoch, index):
             raise DcpOptError(

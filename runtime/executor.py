@@ -22,6 +22,7 @@ from dcp_opt.plan import Plan
 
 from .groups import GroupPool
 from .parallelize import SPState
+from .plan_check import check_plan_once
 from .sp import SPGroup
 
 # The gradient sum's default bucket (one all-reduce per bucket), as in PyTorch DDP's
@@ -98,12 +99,20 @@ def check_same_plan(plan: Plan, *, group=None) -> None:
     Run before any collective of the step: ranks with different plans would otherwise issue
     mismatched collectives and hang or corrupt gradients."""
     world = dist.get_world_size(group)
+    _check_world(plan, world)
+    _gather_hashes(plan.content_hash(), world, group)
+
+
+def _check_world(plan: Plan, world: int) -> None:
     if plan.num_ranks != world:
         raise PlanMismatchError(
             f"plan.num_ranks: {plan.num_ranks} but the world has {world} ranks; "
             "allowed: a plan made for exactly this world"
         )
-    mine = torch.tensor(list(bytes.fromhex(plan.content_hash())), dtype=torch.uint8)
+
+
+def _gather_hashes(content_hash: str, world: int, group) -> None:
+    mine = torch.tensor(list(bytes.fromhex(content_hash)), dtype=torch.uint8)
     mine = mine.to(_device())
     every = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(every, mine, group=group)
@@ -167,6 +176,7 @@ def execute_step(
     check_plan: bool = True,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     sharding=None,
+    batch=None,
 ) -> StepReport:
     """Run this rank's part of `plan` and sum gradients over the world.
 
@@ -175,12 +185,25 @@ def execute_step(
     `bucket_bytes`: a bucket of the gradient sum closes once it holds at least this many
     bytes (whole parameters; the same value on every rank).
     `sharding` (runtime/sharding.py `shard(...)`): run under its mode, then reduce, step its
-    optimizer and zero the gradients: one step of the plan is one step of training."""
+    optimizer and zero the gradients: one step of the plan is one step of training.
+    `batch`: the dcp_opt Batch the plan was made for (`b.batch` of the data path); given, the
+    plan must also train exactly its sequences with its loss normaliser.
+
+    Before any collective, on every rank alike, the plan is checked without a cost model
+    (runtime/plan_check.py: ranks, coverage, normaliser, recompute; once per plan) and
+    refused with `dcp_opt.InvalidPlanError` naming each violation; then every rank's plan
+    hash is compared (`check_plan`, one all-gather)."""
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
     t_check = time.perf_counter()
+    world = dist.get_world_size()
+    _check_world(plan, world)
+    content_hash = plan.content_hash()
+    check_plan_once(
+        plan, world, batch=batch, num_layers=_num_layers(model), content_hash=content_hash
+    )
     if check_plan:
-        check_same_plan(plan)
+        _gather_hashes(content_hash, world, None)
     pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
     check_kinds(plan, task)
     if sharding is not None:
@@ -231,6 +254,16 @@ def execute_step(
         tuple(times),
         started - t_check,
     )
+
+
+def _num_layers(model: nn.Module) -> int | None:
+    """Layers that recompute_layers counts: TinyLM / TinyDiT `layers`, a transformers
+    model's config; None when neither says (then only recompute >= 0 is checked)."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleList):
+        return len(layers)
+    count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 def check_kinds(plan: Plan, task) -> None:

@@ -14,6 +14,8 @@ from dcp_opt.cost import CostModel, Efficiency, flops_coefficients
 from dcp_opt.model import ModelSpec
 from dcp_opt.plan import Plan
 
+from .wire import broadcast_text
+
 
 def cpu_cost_model(
     spec: ModelSpec, world: int, *, fit_tokens: float, peak_flops: float = 3e9
@@ -43,10 +45,11 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 120.0) ->
 
 
 def broadcast_plan(plan: Plan | None, *, src: int = 0) -> Plan:
-    """Rank `src` passes its plan, the others None; every rank returns the same Plan."""
-    box = [plan.to_json() if dist.get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src)
-    return Plan.from_json(box[0])
+    """Rank `src` passes its plan, the others None; every rank returns the same Plan. The
+    plan travels as its JSON bytes (runtime/wire.py), never pickle, and is parsed (checked)
+    on every rank."""
+    text = plan.to_json(indent=None) if dist.get_rank() == src else None
+    return Plan.from_json(broadcast_text(text, src=src))
 
 
 def describe_plan(plan: Plan) -> str:

@@ -25,6 +25,7 @@ FOREIGN_PRIVATE = {
     "_from_config",  # transformers: build a model from its config without weights
     "_get_fsdp_state",  # torch FSDP2: the unit's state, to reach its parameters' shards
     "_unsharded_param",  # torch FSDP2: the gathered parameter of an unsharded unit
+    "_get_metadata_path",  # torch DCP's FileSystemReader: where .metadata is (checkpoint_safe)
     "_fsdp_param_group",  # torch FSDP2: the unit's parameters, for their unsharded views
     # torch's CPU flash-attention kernels (runtime/cp.py: the log-sum-exp they return)
     "_scaled_dot_product_flash_attention_for_cpu",
