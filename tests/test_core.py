@@ -272,6 +272,25 @@ def test_infeasible_sequence_named():
         lower_bound(batch, cm)
 
 
+def test_model_states_too_big_are_named_not_a_sequence():
+    # llama-70b on h100x64 under zero3: 2 + 4 B per parameter held by every rank (141 + 282
+    # GB) plus 12 / 64 B of optimizer states; capacity 0.9 x 80 = 72 GB. The error names the
+    # states and the capacity, not the first sequence (issue 26: it blamed sequence 0).
+    spec = ModelSpec(
+        "l70", "1d", 80, 8192, 64, 28672, vocab_size=128256, num_kv_heads=8, gated_mlp=True
+    )
+    cost = CostModel(spec, cluster_preset("h100x64"), optimizer_sharding="zero3")
+    with pytest.raises(InfeasibleError, match="model states do not fit") as err:
+        lower_bound(Batch.from_lengths([100, 9000]), cost)
+    text = str(err.value)
+    assert "parameters 141.1 GB, gradients 282.2 GB, optimizer states 13.2 GB" in text
+    assert "capacity 72.0 GB" in text and err.value.sequence_id is None
+    small = CostModel(
+        model_preset("llama-7b"), cluster_preset("h100x64"), optimizer_sharding="zero3"
+    )
+    small.check_states_fit()  # 7B fits: no error
+
+
 def test_bad_batches():
     with pytest.raises(DcpOptError, match="batch: is empty"):
         Batch(())

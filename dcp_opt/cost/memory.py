@@ -79,8 +79,37 @@ class Memory:
             need = np.where(cp, self.memory(tokens, d, recompute_layers, "cp"), need)
         return need
 
+    def model_state_parts(self) -> dict[str, float]:
+        """model_state_bytes() by part, bytes per GPU: bf16 weights, fp32 gradient
+        accumulator, fp32 master weights + Adam moments (sharded over the world unless
+        `none`)."""
+        p = self.model.total_params
+        opt = 12.0 if self.optimizer_sharding == "none" else 12.0 / self.cluster.num_gpus
+        return {"parameters": 2.0 * p, "gradients": 4.0 * p, "optimizer states": opt * p}
+
+    def check_states_fit(self) -> None:
+        """Raise InfeasibleError when the model states and the reserve alone exceed every
+        GPU's usable memory: then no sequence is to blame, and the error says what is."""
+        cap = max(self.capacity(s, 1) for s in range(self.cluster.num_gpus))
+        if self.fixed_bytes() < cap:
+            return
+        parts = ", ".join(f"{k} {v / GB:.1f} GB" for k, v in self.model_state_parts().items())
+        raise InfeasibleError(
+            f"model states do not fit: {parts} per GPU under optimizer_sharding "
+            f"{self.optimizer_sharding!r} ({self.model.total_params / 1e9:.2f}B parameters), "
+            f"+ {self.coeffs.reserved_bytes / GB:.1f} GB reserved; usable capacity "
+            f"{cap / GB:.1f} GB per GPU. Every mode of this runtime holds the gathered bf16 "
+            "weights and a full fp32 gradient accumulator (2 + 4 bytes per parameter) through "
+            "the step; tensor parallelism and per-layer ZeRO-3, which would shard them, are "
+            "not built yet (docs/architecture.md): a smaller model or GPUs with more memory",
+            need_bytes=self.fixed_bytes(),
+            capacity_bytes=cap,
+        )
+
     def check_fits(self, batch: Batch) -> None:
-        """Raise InfeasibleError naming the first sequence that fits nowhere."""
+        """Raise InfeasibleError naming what fits nowhere: the model states alone, else the
+        first sequence."""
+        self.check_states_fit()
         dmax = max(self.cluster.allowed_degrees)
         cap = max(self.capacity(s, dmax) for s in self.cluster.placements(dmax))
         tokens = self.batch_features(batch)[:, -2]
