@@ -212,6 +212,15 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     return info.step
 
 
+def resume(directory, *, model, optimizer=None, loader=None) -> int:
+    """The step a run starts from: the newest complete checkpoint in `directory` loaded
+    (load()'s checks and return value), or 0 with nothing loaded when the folder holds none
+    yet (the first run). Collective, like load."""
+    if latest(directory) is None:
+        return 0
+    return load(directory, model=model, optimizer=optimizer, loader=loader)
+
+
 def latest(directory) -> CheckpointInfo | None:
     """The newest complete checkpoint in `directory` (the folder D/latest names, else the
     highest complete step-* folder by step number), or None if there is none. `latest`

@@ -279,6 +279,60 @@ def test_integration_snippet_runs_under_torchrun(tmp_path):
     assert "rank 0 ran 2 steps" in out and "rank 1 ran 2 steps" in out, out
 
 
+FULL_LOOP_SETUP = """
+import sys
+import torch
+import torch.distributed as dist
+from transformers import LlamaConfig, LlamaForCausalLM
+from dcp_opt.runtime.hf import model_spec
+from dcp_opt.runtime.launch import cpu_cost_model, init_distributed
+
+rank, world = init_distributed()
+ckpt_dir, num_epochs, every = sys.argv[1], int(sys.argv[2]), 1
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+model = LlamaForCausalLM(cfg)
+lengths = [5, 40, 3, 17, 9, 2, 33, 12, 7, 21, 4, 28, 6, 11, 8, 19]
+dataset = [torch.arange(n + 1) % 64 for n in lengths]
+cost = cpu_cost_model(model_spec(model), world, fit_tokens=20).with_(optimizer_sharding="zero2")
+def make_optimizer(params):
+    return torch.optim.AdamW(params, lr=1e-3)
+"""
+FULL_LOOP_END = """
+print(f"rank {rank} stopped at step {step}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def full_loop_snippet() -> str:
+    text = (ROOT / "docs" / "integration.md").read_text()
+    block = text.split("<!-- full-loop:start -->")[1].split("<!-- full-loop:end -->")[0]
+    return block.split("```python")[1].split("```")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_the_full_loop_snippet_trains_checkpoints_and_resumes(tmp_path):
+    snippet = full_loop_snippet()
+    lines = [ln for ln in snippet.splitlines() if ln.strip()]
+    imports = [ln for ln in lines if ln.startswith(("from ", "import "))]
+    assert (len(lines), len(imports)) == (19, 5), lines  # what the docs state
+    assert snippet in (ROOT / "README.md").read_text()  # one loop, two places
+    script = tmp_path / "full_loop.py"
+    script.write_text(FULL_LOOP_SETUP + snippet + FULL_LOOP_END)
+    ckpt = tmp_path / "ckpt"
+    # 16 samples in batches of 8: 2 steps an epoch, a checkpoint after each step
+    first = torchrun(["2", str(script), str(ckpt), "1"], timeout_s=300)
+    assert "rank 0 stopped at step 2" in first and "rank 1 stopped at step 2" in first, first
+    again = torchrun(["2", str(script), str(ckpt), "2"], timeout_s=300)  # resumes at step 2
+    assert "rank 0 stopped at step 4" in again and "rank 1 stopped at step 4" in again, again
+    # A run that started over instead would have saved step 1 below the folder's step 2,
+    # which checkpoint.save refuses: the second run continued from step 2.
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000003", "step-00000004"]
+    assert (ckpt / "latest").read_text().strip() == "step-00000004"
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 def test_example_train_lm_runs_under_torchrun_and_resumes_by_itself(tmp_path):
