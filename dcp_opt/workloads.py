@@ -12,8 +12,10 @@ A global batch draws sequences until the token budget is reached (the last one m
 from __future__ import annotations
 
 import functools
+import json
 import math
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -76,18 +78,19 @@ class Workload:
     @classmethod
     def parse(cls, name: str) -> Workload:
         parts = name.split("-")
-        if name in EXTRA_WORKLOADS:
+        if name in EXTRA_WORKLOADS or name in DOCUMENT_WORKLOADS:
             return cls(*parts)
         if len(parts) != 2 or parts[0] not in ("1d", "2d") or parts[1] not in DISTRIBUTIONS:
-            raise DcpOptError(
-                f"workload: {name!r} not allowed; allowed: "
-                f"{[w.name for w in STANDARD_WORKLOADS] + list(EXTRA_WORKLOADS)}"
-            )
+            allowed = [w.name for w in STANDARD_WORKLOADS] + [*EXTRA_WORKLOADS, *DOCUMENT_WORKLOADS]
+            raise DcpOptError(f"workload: {name!r} not allowed; allowed: {allowed}")
         return cls(parts[0], parts[1])
 
     def sample_shape(self, rng: np.random.Generator) -> tuple[int, ...]:
         if self.distribution == IMAGE_HEAVY:
             return _image_heavy_shape(rng)
+        if self.distribution in DOCUMENT_SAMPLES:
+            sample = document_lengths(self.distribution)
+            return (int(sample[rng.integers(len(sample))]),)
         if self.kind == "2d":
             buckets = video_buckets()
             i = rng.choice(len(buckets), p=bucket_probabilities(self.distribution, len(buckets)))
@@ -120,6 +123,19 @@ STANDARD_WORKLOADS = tuple(Workload(k, d) for k in ("2d", "1d") for d in DISTRIB
 IMAGE_HEAVY = "imageheavy"
 IMAGE_SHARE = 100_000 / 102_000
 EXTRA_WORKLOADS = ("2d-imageheavy",)
+# Real document lengths (dcp_opt/data/NOTICE: WLB-LLM's sample and ProLong's, as shipped by
+# hao-ai-lab/distca, Apache-2.0): each sequence is a uniform draw from the sample. Their tails
+# are far heavier than the lognormal mixes: documents of 32K tokens or more are 0.9 % of the
+# WLB sample but most of its attention work (issue 30).
+DOCUMENT_SAMPLES = {"wlbllm": "wlbllm_lengths.json", "prolong": "prolong_lengths.json"}
+DOCUMENT_WORKLOADS = tuple(f"1d-{k}" for k in DOCUMENT_SAMPLES)
+
+
+@functools.cache
+def document_lengths(name: str) -> np.ndarray:
+    """The document-length sample `name` of DOCUMENT_SAMPLES, as shipped in dcp_opt/data."""
+    text = (resources.files("dcp_opt") / "data" / DOCUMENT_SAMPLES[name]).read_text()
+    return np.array(json.loads(text), dtype=np.int64)
 
 
 def _image_heavy_shape(rng: np.random.Generator) -> tuple[int, int, int]:
