@@ -67,6 +67,7 @@ from .batches import (  # PlannedBatch, form_batches, local_ids: importable from
     form_batches,
     local_ids,
 )
+from .groups import group_timeout
 
 AGREE_MODES = ("broadcast", "deterministic")
 STATE_VERSION = 1
@@ -98,7 +99,7 @@ class DcpBatchSampler(Sampler[list[int]]):
     `sizes`: a list, or a callable index -> length / (frames, height, width) with
     `num_samples`. `planner`: a name of `dcp_opt.solvers` or "auto". `rank` / `world_size`
     default to torch.distributed's (1 process when it is not initialised). `timeout_s`
-    bounds the plan broadcasts (torch's default for gloo when None)."""
+    bounds the plan broadcasts (the world group's timeout when None, runtime/groups.py)."""
 
     def __init__(
         self,
@@ -159,11 +160,8 @@ class DcpBatchSampler(Sampler[list[int]]):
                 f"agree: 'broadcast' on {self.world_size} ranks needs torch.distributed "
                 "initialised first; allowed: init_process_group before, or 'deterministic'"
             )
-        from datetime import timedelta
-
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
-        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-        return dist.new_group(ranks, backend="gloo", **kw)
+        return dist.new_group(ranks, backend="gloo", **group_timeout(timeout_s))
 
     # ---- batches ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
