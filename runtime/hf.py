@@ -47,6 +47,7 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     locate,
 )
 from .parallelize import SPState
+from .replicas import sync_replicas
 from .sp import pad_dim, ulysses_attention
 from .tasks import LMTask, _token_weight
 
@@ -187,16 +188,23 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return base_model(model).layers
 
 
-def parallelize_hf(model: nn.Module, state: SPState, *, locator: Locator | None = None):
+def parallelize_hf(
+    model: nn.Module, state: SPState, *, locator: Locator | None = None, sync_weights: bool = True
+):
     """Make a transformers causal LM run under `state` in place, and return it: register and
     select the "dcp_ulysses" attention, and give each decoder layer per-micro-batch recompute
-    (the first `state.recompute_layers` layers). Parameters and their names are unchanged.
+    (the first `state.recompute_layers` layers). Parameter names are unchanged.
 
     `locator(model)` -> [(decoder layer, attention module)], for layouts find_layers does not
     know. Transactional: everything is checked first (runtime/hf_layers.check_supported), and
-    a refused model (UnsupportedModelError, a ValueError) is left exactly as it was."""
+    a refused model (UnsupportedModelError, a ValueError) is left exactly as it was.
+    Collective under torch.distributed once accepted: with `sync_weights` every rank then
+    holds rank 0's weights (runtime/replicas.py: a checksum all-reduce, a broadcast and a
+    warning only when they differed, e.g. a random initialisation without a seed)."""
     pairs = locate(model, locator)
     check_supported(model, pairs)
+    if sync_weights:
+        sync_replicas(model)
     register_attention()
     # -- nothing below raises: from here on the model changes --
     for sub in model.modules():
