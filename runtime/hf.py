@@ -46,6 +46,7 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     find_layers,
     locate,
 )
+from .models import compute_dtype_bytes
 from .parallelize import SPState
 from .replicas import sync_replicas
 from .sp import pad_dim, ulysses_attention
@@ -303,19 +304,24 @@ def tiny_llama(
     return model.to(dtype)
 
 
-def model_spec(model: nn.Module, *, name: str | None = None):
+def model_spec(model: nn.Module, *, name: str | None = None, dtype=None):
     """The dcp_opt ModelSpec (cost-model view) of a transformers causal LM of a supported
     family: widths, kv heads, windows and the exact parameter count from its config
-    (dcp_opt.hf_spec), bytes per value from its parameters."""
+    (dcp_opt.hf_spec).
+
+    `dtype`: the compute dtype, which sizes the activations: "bf16" (or torch.bfloat16) for
+    `shard(dtype="bf16")`, whose float32 parameters are only the master weights (the cost
+    model charges model states as mixed-precision Adam whatever the dtype). None: the
+    parameters' own dtype, right when the model computes in it (no mixed precision)."""
     from dcp_opt.hf_spec import spec_from_hf_config
 
-    dtype_bytes = next(model.parameters()).element_size()
-    return spec_from_hf_config(model.config, name=name, dtype_bytes=dtype_bytes)
+    dtype = next(model.parameters()).dtype if dtype is None else dtype
+    return spec_from_hf_config(model.config, name=name, dtype_bytes=compute_dtype_bytes(dtype))
 
 
-def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
+def llama_spec(model: nn.Module, *, name: str = "hf-llama", dtype=None):
     """model_spec under its former name (Llama-style models)."""
-    return model_spec(model, name=name)
+    return model_spec(model, name=name, dtype=dtype)
 
 
 def config_kv_heads(cfg) -> int | None:
