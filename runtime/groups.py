@@ -23,6 +23,8 @@ import torch.distributed as dist
 from dcp_opt.cluster import Cluster
 from dcp_opt.errors import DcpOptError
 
+from .elastic import raise_with_restart_hint
+
 
 def world_timeout_s() -> float | None:
     """The timeout (seconds) the default process group was initialised with, read from its
@@ -95,7 +97,11 @@ class GroupPool:
         for degree in cluster.allowed_degrees:
             for start in cluster.placements(degree):
                 ranks = list(range(start, start + degree))
-                groups[(start, degree)] = dist.new_group(ranks, **kw)
+                try:
+                    groups[(start, degree)] = dist.new_group(ranks, **kw)
+                except RuntimeError as e:  # a torchrun restart reading stale addresses
+                    raise_with_restart_hint(e)
+                    raise
         return cls(groups, dist.get_rank(), world, tuple(cluster.allowed_degrees))
 
     def get(self, start: int, degree: int):

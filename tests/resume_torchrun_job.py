@@ -20,6 +20,7 @@ import torch.distributed as dist
 from dcp_opt.runtime import GroupPool, LMConfig, LMTask, SPState, TinyLM, checkpoint, execute_step
 from dcp_opt.runtime import parallelize as parallelize_model
 from dcp_opt.runtime.data import DcpBatchSampler, collate_samples
+from dcp_opt.runtime.elastic import init_world
 from dcp_opt.runtime.launch import cpu_cost_model, init_distributed
 from dcp_opt.runtime.models import model_spec
 
@@ -53,6 +54,7 @@ def parse_args():
     ap.add_argument("--tag", required=True, help="a name for this torchrun invocation")
     ap.add_argument("--kill", action="append", default=[], help="TAG:ATTEMPT:STEP:RANK")
     ap.add_argument("--every", type=int, default=2, help="checkpoint every N steps")
+    ap.add_argument("--init-world", action="store_true", help="elastic.init_world first")
     return ap.parse_args()
 
 
@@ -65,7 +67,9 @@ def record(path: Path, entry: dict) -> None:
 
 def main():
     args = parse_args()
-    rank, world = init_distributed(timeout_s=60)
+    if args.init_world:  # the world on the attempt's own store (runtime/elastic.py)
+        init_world("gloo", timeout_s=60)
+    rank, world = init_distributed(timeout_s=60)  # a no-op after init_world
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     kills = {
         tuple(int(x) for x in k.split(":")[1:]) for k in args.kill if k.split(":")[0] == args.tag
