@@ -101,8 +101,9 @@ def test_restart_connects_with_an_explicit_master_port_or_a_shared_store(tmp_pat
     """issue 29: with `--master_port` (torchrun's static rendezvous, whose store outlives
     every attempt) or without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (--standalone sharing its
     store), the restarted ranks read the previous attempt's gloo addresses: "Connection
-    refused" (5 of 5 with --master_port, 2 of 2 shared here; once a 5-minute hang). The world
-    on the attempt's own store (runtime/elastic.py init_world) restarts under both."""
+    refused" or a hang (through init_distributed, on this machine: 4 of 4 with --master_port,
+    2 of 2 shared). The world on the attempt's own store (runtime/elastic.py init_world)
+    restarts under both."""
     rdzv = ("--master_port", str(free_port())) if how == "master_port" else ("--standalone",)
     job = tmp_path / "job"
     # rank 1 dies in step 3; torchrun restarts both ranks, which resume from step 2
