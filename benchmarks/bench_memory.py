@@ -40,6 +40,7 @@ import sys
 
 import torch
 from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
+from dcp_opt.runtime.models import model_spec
 from dcp_opt.runtime.sharding import held_bytes, shard
 from dcp_opt.runtime.testing import DistWorkers
 from dcp_opt.solvers import run_planner
@@ -53,17 +54,11 @@ CFG = LMConfig(vocab_size=512, hidden=64, num_heads=4, num_layers=4, ffn_hidden=
 LENGTHS = [37, 120, 64, 200, 15, 90, 150, 33, 48, 76, 180, 22]
 
 
-def num_params() -> int:
-    return sum(p.numel() for p in TinyLM(CFG).parameters())
-
-
 def spec(dtype: str | None) -> ModelSpec:
-    # The exact parameter count (biases and norms included): the bytes must be what runs.
-    b = 2 if dtype == "bf16" else 4
-    return ModelSpec(
-        "tiny-llama", "1d", CFG.num_layers, CFG.hidden, CFG.num_heads, CFG.ffn_hidden,
-        vocab_size=CFG.vocab_size, dtype_bytes=b, num_params=float(num_params()),
-    )  # fmt: skip
+    """The model as the run computes: activations in the compute dtype ("bf16": 2 bytes, not
+    the 4 of the fp32 master parameters), the exact parameter count (biases and norms
+    included), so the bytes are what runs."""
+    return model_spec(TinyLM(CFG), dtype=dtype)
 
 
 def cost_for(world: int, mode: str, dtype: str | None, profile: str | None = None) -> CostModel:

@@ -78,12 +78,14 @@ def parse_args():
 
 
 def build_model(args, cfg: LMConfig, state: SPState, world: int):
-    """(parallelized model, task, cost model) for `--model`."""
+    """(parallelized model, task, cost model) for `--model`; the cost model sizes the
+    activations in the compute dtype (`--dtype bf16`: 2 bytes, not the fp32 masters' 4)."""
     # Memory for half the longest sequence per rank: long ones need SP (crude CPU costs).
     fit = 0.5 * args.max_len
     if args.model == "tiny":
         model = parallelize(TinyLM(cfg), state)  # Ulysses attention + per-layer recompute
-        return model, LMTask(), cpu_cost_model(model_spec(cfg), world, fit_tokens=fit)
+        spec = model_spec(cfg, dtype=args.dtype)
+        return model, LMTask(), cpu_cost_model(spec, world, fit_tokens=fit)
     from dcp_opt.runtime.hf import HFCausalLMTask, llama_spec, parallelize_hf, tiny_llama
 
     model = tiny_llama(
@@ -92,7 +94,8 @@ def build_model(args, cfg: LMConfig, state: SPState, world: int):
         seed=args.seed,
     )  # fmt: skip
     model = parallelize_hf(model, state)  # registers and selects "dcp_ulysses" attention
-    return model, HFCausalLMTask(), cpu_cost_model(llama_spec(model), world, fit_tokens=fit)
+    spec = llama_spec(model, dtype=args.dtype)
+    return model, HFCausalLMTask(), cpu_cost_model(spec, world, fit_tokens=fit)
 
 
 def main():

@@ -18,6 +18,7 @@ from .executor import (
 from .groups import GroupPool, runtime_cluster
 from .models import DiTConfig, LMConfig, TinyDiT, TinyLM
 from .parallelize import SPState, parallelize
+from .replicas import ReplicaMismatchWarning, sync_replicas
 from .sharding import Sharding, ShardingModeError, shard
 from .sp import SPGroup, all_to_all, ulysses_attention
 from .tasks import DiffusionTask, LMTask, seeded_generator
@@ -30,6 +31,7 @@ __all__ = [
     "LMTask",
     "MicroBatchOutOfMemoryError",
     "PlanMismatchError",
+    "ReplicaMismatchWarning",
     "SPGroup",
     "SPState",
     "Sharding",
@@ -45,5 +47,6 @@ __all__ = [
     "seeded_generator",
     "shard",
     "sum_gradients",
+    "sync_replicas",
     "ulysses_attention",
 ]

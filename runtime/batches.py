@@ -5,9 +5,11 @@ thread that plans batches ahead of training. Nothing here depends on the world s
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +116,18 @@ class PlannedBatch:
 
 
 class PlanAhead:
-    """A daemon thread that plans batches in order, at most `depth` ahead of the consumer."""
+    """A daemon thread that plans batches in order, at most `depth` ahead of the consumer.
+
+    Closed at interpreter exit too (`_close_all`, an atexit hook): a loop that ends while it
+    still holds a loader iterator (`it = iter(loader); next(it)`, a `break`) leaves the thread
+    alive, and a daemon thread frozen inside CP-SAT's C++ search while the interpreter
+    finalises makes OR-Tools' worker threads call std::terminate ("terminate called without
+    an active exception", SIGABRT: torchrun reports the finished job as failed). The hook
+    stops the thread and waits for the plan it is making (one planner call: cpsat's
+    `time_limit_s`, 0.2 s by default; at most 60 s, so a planner that never returns cannot
+    hold the exit)."""
+
+    _live: weakref.WeakSet = weakref.WeakSet()
 
     def __init__(self, jobs: list, plan_fn: Callable, depth: int):
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
@@ -123,6 +136,7 @@ class PlanAhead:
             target=self._run, args=(jobs, plan_fn), daemon=True, name="dcp-plan-ahead"
         )
         self._thread.start()
+        PlanAhead._live.add(self)
 
     def _run(self, jobs, plan_fn):
         for job in jobs:
@@ -145,9 +159,17 @@ class PlanAhead:
             raise value
         return value
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = 5.0) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout_s)
+        PlanAhead._live.discard(self)
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop every plan-ahead thread still running and wait for it (see PlanAhead)."""
+    for ahead in list(PlanAhead._live):
+        ahead.close(timeout_s=60.0)
 
 
 def run_batch_planner(name: str, batch: Batch, cost: CostModel, options: dict):

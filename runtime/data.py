@@ -67,6 +67,8 @@ from .batches import (  # PlannedBatch, form_batches, local_ids: importable from
     run_batch_planner,
     sample_shape,
 )
+from .elastic import raise_with_restart_hint
+from .groups import group_timeout
 
 AGREE_MODES = ("broadcast", "deterministic")
 STATE_VERSION = 1
@@ -98,7 +100,7 @@ class DcpBatchSampler(Sampler[list[int]]):
     `sizes`: a list, or a callable index -> length / (frames, height, width) with
     `num_samples`. `planner`: a name of `dcp_opt.solvers` or "auto". `rank` / `world_size`
     default to torch.distributed's (1 process when it is not initialised). `timeout_s`
-    bounds the plan broadcasts (torch's default for gloo when None)."""
+    bounds the plan broadcasts (the world group's timeout when None, runtime/groups.py)."""
 
     def __init__(
         self,
@@ -159,11 +161,12 @@ class DcpBatchSampler(Sampler[list[int]]):
                 f"agree: 'broadcast' on {self.world_size} ranks needs torch.distributed "
                 "initialised first; allowed: init_process_group before, or 'deterministic'"
             )
-        from datetime import timedelta
-
         ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
-        kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
-        return dist.new_group(ranks, backend="gloo", **kw)
+        try:
+            return dist.new_group(ranks, backend="gloo", **group_timeout(timeout_s))
+        except RuntimeError as e:  # a torchrun restart reading stale addresses
+            raise_with_restart_hint(e)
+            raise
 
     # ---- batches ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -267,7 +270,9 @@ class DcpBatchSampler(Sampler[list[int]]):
 
     def planned(self, loader) -> Iterator[PlannedBatch]:
         """Iterate `loader` (a DataLoader over this sampler, collate_fn=collate_samples, in
-        order) and pair each batch of samples with its plan."""
+        order) and pair each batch of samples with its plan. A loader with torch's default
+        collate_fn is refused before it starts its workers (see `_check_collate`)."""
+        _check_collate(loader)
         for samples in loader:
             if not self._sent:
                 raise DcpOptError(
@@ -331,6 +336,23 @@ class DcpBatchSampler(Sampler[list[int]]):
                 f"loader state: batches_done {state['batches_done']} outside 0..{len(batches)}"
             )
         self._position = self._next_start = state["batches_done"]
+
+
+def _check_collate(loader) -> None:
+    """torch's default_collate stacks a batch's samples into one tensor: sequences of
+    different lengths fail, and in a DataLoader worker only as torch's "Trying to resize
+    storage that is not resizable", which names neither the collate_fn nor this library."""
+    from torch.utils.data import default_collate
+
+    if getattr(loader, "collate_fn", None) is default_collate:
+        raise DcpOptError(
+            "collate_fn: the DataLoader has torch's default_collate, which stacks the samples "
+            "of a batch into one tensor and fails on sequences of different lengths (in a "
+            "worker: 'Trying to resize storage that is not resizable'); allowed: "
+            "DataLoader(dataset, batch_sampler=sampler, "
+            "collate_fn=dcp_opt.runtime.data.collate_samples) or a collate_fn of your own "
+            "that returns one entry per id"
+        )
 
 
 def _check_state(state) -> None:

@@ -4,6 +4,12 @@ torch.distributed requires every rank to call `new_group` for every group, in th
 even for groups it is not a member of. So all ranks walk the cluster's allowed degrees and
 aligned placements in one fixed order (degree ascending, start ascending) and keep the handles;
 activating a group between phases is then a dictionary lookup, never a collective.
+
+Timeouts: `new_group` without a timeout takes torch's default (30 min for gloo), not the
+world group's, so a rank that hangs (stopped, deadlocked) would hold every other rank for
+30 minutes. Every group the runtime creates takes the world group's timeout instead
+(`world_timeout_s`: what `init_process_group(timeout=...)` was given, 120 s through
+runtime/launch.py's init_distributed), unless the caller passes its own.
 """
 
 from __future__ import annotations
@@ -11,10 +17,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from dcp_opt.cluster import Cluster
 from dcp_opt.errors import DcpOptError
+
+from .elastic import raise_with_restart_hint
+
+
+def world_timeout_s() -> float | None:
+    """The timeout (seconds) the default process group was initialised with, read from its
+    backend's options; None when torch.distributed is not initialised or the backend does
+    not expose one (then new groups keep torch's default)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    try:
+        timeout = dist.group.WORLD._get_backend(torch.device(device)).options._timeout
+    except (AttributeError, RuntimeError):  # a backend without options (torch's threaded pg)
+        return None
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else None
+
+
+def group_timeout(timeout_s: float | None) -> dict:
+    """`new_group` keyword arguments for a group bounded by `timeout_s`, or by the world
+    group's timeout when None (see the module docstring)."""
+    if timeout_s is None:
+        timeout_s = world_timeout_s()
+    return {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
 
 
 def runtime_cluster(world_size: int, gpus_per_node: int | None = None) -> Cluster:
@@ -47,7 +78,9 @@ class GroupPool:
     ) -> GroupPool:
         """Collective: every rank must call this with the same cluster, in the same order
         relative to its other new_group calls. `timeout_s` bounds every collective of every
-        group, so a rank that dies makes the others fail instead of hanging."""
+        group, so a rank that dies or hangs makes the others fail instead of waiting; None
+        (the default) takes the world group's timeout (`world_timeout_s`), not torch's 30
+        minutes."""
         if not dist.is_initialized():
             raise DcpOptError("GroupPool.create: call torch.distributed.init_process_group first")
         world = dist.get_world_size()
@@ -57,16 +90,18 @@ class GroupPool:
                 f"cluster: has {cluster.num_gpus} ranks but the torch world has {world}; "
                 "allowed: a cluster of exactly world_size ranks"
             )
-        kw = {}
+        kw = group_timeout(timeout_s)
         if backend is not None:
             kw["backend"] = backend
-        if timeout_s is not None:
-            kw["timeout"] = timedelta(seconds=timeout_s)
         groups = {}
         for degree in cluster.allowed_degrees:
             for start in cluster.placements(degree):
                 ranks = list(range(start, start + degree))
-                groups[(start, degree)] = dist.new_group(ranks, **kw)
+                try:
+                    groups[(start, degree)] = dist.new_group(ranks, **kw)
+                except RuntimeError as e:  # a torchrun restart reading stale addresses
+                    raise_with_restart_hint(e)
+                    raise
         return cls(groups, dist.get_rank(), world, tuple(cluster.allowed_degrees))
 
     def get(self, start: int, degree: int):

@@ -46,7 +46,9 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
     find_layers,
     locate,
 )
+from .models import compute_dtype_bytes
 from .parallelize import SPState
+from .replicas import sync_replicas
 from .sp import pad_dim, ulysses_attention
 from .tasks import LMTask, token_weight
 
@@ -187,16 +189,23 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return base_model(model).layers
 
 
-def parallelize_hf(model: nn.Module, state: SPState, *, locator: Locator | None = None):
+def parallelize_hf(
+    model: nn.Module, state: SPState, *, locator: Locator | None = None, sync_weights: bool = True
+):
     """Make a transformers causal LM run under `state` in place, and return it: register and
     select the "dcp_ulysses" attention, and give each decoder layer per-micro-batch recompute
-    (the first `state.recompute_layers` layers). Parameters and their names are unchanged.
+    (the first `state.recompute_layers` layers). Parameter names are unchanged.
 
     `locator(model)` -> [(decoder layer, attention module)], for layouts find_layers does not
     know. Transactional: everything is checked first (runtime/hf_layers.check_supported), and
-    a refused model (UnsupportedModelError, a ValueError) is left exactly as it was."""
+    a refused model (UnsupportedModelError, a ValueError) is left exactly as it was.
+    Collective under torch.distributed once accepted: with `sync_weights` every rank then
+    holds rank 0's weights (runtime/replicas.py: a checksum all-reduce, a broadcast and a
+    warning only when they differed, e.g. a random initialisation without a seed)."""
     pairs = locate(model, locator)
     check_supported(model, pairs)
+    if sync_weights:
+        sync_replicas(model)
     register_attention()
     # -- nothing below raises: from here on the model changes --
     for sub in model.modules():
@@ -295,19 +304,24 @@ def tiny_llama(
     return model.to(dtype)
 
 
-def model_spec(model: nn.Module, *, name: str | None = None):
+def model_spec(model: nn.Module, *, name: str | None = None, dtype=None):
     """The dcp_opt ModelSpec (cost-model view) of a transformers causal LM of a supported
     family: widths, kv heads, windows and the exact parameter count from its config
-    (dcp_opt.hf_spec), bytes per value from its parameters."""
+    (dcp_opt.hf_spec).
+
+    `dtype`: the compute dtype, which sizes the activations: "bf16" (or torch.bfloat16) for
+    `shard(dtype="bf16")`, whose float32 parameters are only the master weights (the cost
+    model charges model states as mixed-precision Adam whatever the dtype). None: the
+    parameters' own dtype, right when the model computes in it (no mixed precision)."""
     from dcp_opt.hf_spec import spec_from_hf_config
 
-    dtype_bytes = next(model.parameters()).element_size()
-    return spec_from_hf_config(model.config, name=name, dtype_bytes=dtype_bytes)
+    dtype = next(model.parameters()).dtype if dtype is None else dtype
+    return spec_from_hf_config(model.config, name=name, dtype_bytes=compute_dtype_bytes(dtype))
 
 
-def llama_spec(model: nn.Module, *, name: str = "hf-llama"):
+def llama_spec(model: nn.Module, *, name: str = "hf-llama", dtype=None):
     """model_spec under its former name (Llama-style models)."""
-    return model_spec(model, name=name)
+    return model_spec(model, name=name, dtype=dtype)
 
 
 def config_kv_heads(cfg) -> int | None:

@@ -4,7 +4,6 @@ plan broadcast from rank 0 (planners need not be deterministic), a one-line plan
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -14,6 +13,7 @@ from dcp_opt.cost import CostModel, Efficiency, flops_coefficients
 from dcp_opt.model import ModelSpec
 from dcp_opt.plan import Plan
 
+from .elastic import init_world
 from .wire import broadcast_text
 
 
@@ -40,7 +40,7 @@ def init_distributed(*, backend: str | None = None, timeout_s: float = 120.0) ->
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        init_world(backend, timeout_s)  # the attempt's own store under torchrun (elastic.py)
     return dist.get_rank(), dist.get_world_size()
 
 

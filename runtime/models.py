@@ -212,16 +212,54 @@ class TinyDiT(nn.Module):
         return self.out(self.norm(h))
 
 
+# Compute dtypes by name (runtime/sharding.py's `dtype` vocabulary, plus fp16 and fp64).
+DTYPE_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def compute_dtype_bytes(dtype) -> int:
+    """Bytes per value of a compute dtype: a name of DTYPE_BYTES or a floating torch.dtype."""
+    if isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return torch.finfo(dtype).bits // 8
+    if isinstance(dtype, str) and dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    raise ValueError(
+        f"dtype: {dtype!r} not allowed; allowed: {list(DTYPE_BYTES)} or a floating torch.dtype "
+        "(the compute dtype: 'bf16' for shard(dtype='bf16'))"
+    )
+
+
 def model_spec(
-    cfg: LMConfig | DiTConfig, *, dtype_bytes: int = 4, text_tokens: int = 0
+    cfg: LMConfig | DiTConfig | TinyLM | TinyDiT,
+    *,
+    dtype=None,
+    dtype_bytes: int | None = None,
+    text_tokens: int = 0,
 ) -> ModelSpec:
-    """The ModelSpec the cost model and planners need for one of these models."""
+    """The ModelSpec the cost model and planners need for one of these models.
+
+    `dtype`: the compute dtype, which sizes the activations (e.g. "bf16" for
+    `shard(dtype="bf16")`, whose fp32 parameters are only the master weights; the cost model
+    charges model states as mixed-precision Adam whatever the dtype). None: the parameters'
+    dtype for a model, fp32 for a config. `dtype_bytes` is the older spelling, in bytes.
+    A model (rather than its config) also gives the exact parameter count, norms and biases
+    included."""
+    if dtype is not None and dtype_bytes is not None:
+        raise ValueError("dtype / dtype_bytes: give at most one of them")
+    model = cfg if isinstance(cfg, (TinyLM, TinyDiT)) else None
+    if model is not None:
+        cfg = model.cfg
+        if dtype is None and dtype_bytes is None:
+            dtype = next(model.parameters()).dtype
+    if dtype is not None:
+        dtype_bytes = compute_dtype_bytes(dtype)
+    dtype_bytes = 4 if dtype_bytes is None else dtype_bytes
+    num_params = None if model is None else float(sum(p.numel() for p in model.parameters()))
     if isinstance(cfg, LMConfig):
         return ModelSpec(
             "tiny-lm", "1d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
-            vocab_size=cfg.vocab_size, dtype_bytes=dtype_bytes,
+            vocab_size=cfg.vocab_size, dtype_bytes=dtype_bytes, num_params=num_params,
         )  # fmt: skip
     return ModelSpec(
         "tiny-dit", "2d", cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.ffn_hidden,
-        text_tokens=text_tokens, causal=False, dtype_bytes=dtype_bytes,
+        text_tokens=text_tokens, causal=False, dtype_bytes=dtype_bytes, num_params=num_params,
     )  # fmt: skip

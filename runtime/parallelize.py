@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import segment_attention
 from .cp import cp_attention
 from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
+from .replicas import sync_replicas
 from .sp import SPGroup, ulysses_attention
 from .video import to_spatial, to_temporal
 
@@ -41,14 +42,20 @@ class SPState:
     positions: torch.Tensor | None = None
 
 
-def parallelize(model: nn.Module, state: SPState) -> nn.Module:
-    """Make `model` (TinyLM or TinyDiT) run under `state` in place, and return it."""
+def parallelize(model: nn.Module, state: SPState, *, sync_weights: bool = True) -> nn.Module:
+    """Make `model` (TinyLM or TinyDiT) run under `state` in place, and return it.
+
+    Collective under torch.distributed (every rank calls it at the same point): with
+    `sync_weights` every rank then holds rank 0's weights (runtime/replicas.py: a checksum
+    all-reduce, a broadcast and a warning only when they differed)."""
+    if not isinstance(model, (TinyLM, TinyDiT)):
+        raise ValueError(f"model: {type(model).__name__} not supported; allowed: TinyLM, TinyDiT")
+    if sync_weights:
+        sync_replicas(model)
     if isinstance(model, TinyLM):
         _parallelize_lm(model, state)
-    elif isinstance(model, TinyDiT):
-        _parallelize_dit(model, state)
     else:
-        raise ValueError(f"model: {type(model).__name__} not supported; allowed: TinyLM, TinyDiT")
+        _parallelize_dit(model, state)
     for i, layer in enumerate(model.layers):
         _checkpoint_layer(layer, i, state)
     return model

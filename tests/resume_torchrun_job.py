@@ -65,7 +65,7 @@ def record(path: Path, entry: dict) -> None:
 
 def main():
     args = parse_args()
-    rank, world = init_distributed(timeout_s=60)
+    rank, world = init_distributed(timeout_s=60)  # the attempt's own store (runtime/elastic.py)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     kills = {
         tuple(int(x) for x in k.split(":")[1:]) for k in args.kill if k.split(":")[0] == args.tag

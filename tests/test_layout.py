@@ -26,6 +26,8 @@ FOREIGN_PRIVATE = {
     "_get_fsdp_state",  # torch FSDP2: the unit's state, to reach its parameters' shards
     "_unsharded_param",  # torch FSDP2: the gathered parameter of an unsharded unit
     "_get_metadata_path",  # torch DCP's FileSystemReader: where .metadata is (checkpoint_safe)
+    "_get_backend",  # torch ProcessGroup: the world group's backend, for its timeout
+    "_timeout",  # torch ProcessGroup options: the timeout new groups inherit (runtime/groups)
     "_fsdp_param_group",  # torch FSDP2: the unit's parameters, for their unsharded views
     # torch's CPU flash-attention kernels (runtime/cp.py: the log-sum-exp they return)
     "_scaled_dot_product_flash_attention_for_cpu",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -21,21 +22,35 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "resume_torchrun_job.py"
 
 
-def torchrun(workdir: Path, run: str, restarts: int, kills: list[str]):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+def torchrun(
+    workdir: Path,
+    run: str,
+    restarts: int,
+    kills: list[str],
+    *,
+    rdzv: tuple[str, ...] = ("--standalone",),
+    share_store: bool = False,
+    job_args: tuple[str, ...] = (),
+):
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--nproc_per_node",
            "2", "--max-restarts", str(restarts), "--monitor-interval", "0.2", str(JOB),
-           "--dir", str(workdir), "--tag", run]  # fmt: skip
+           "--dir", str(workdir), "--tag", run, *job_args]  # fmt: skip
     for k in kills:
         cmd += ["--kill", k]
     # torchrun shares its rendezvous TCP store with the workers by default, and a restarted
     # worker can read the previous attempt's gloo addresses from it ("Connection refused";
     # pytorch/pytorch#135712): the documented switch gives each attempt a store of its own.
-    env = os.environ | {
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(ROOT),
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    }
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    if not share_store:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def effective_steps(workdir: Path) -> dict[int, set[int]]:
@@ -77,3 +92,24 @@ def test_killed_ranks_resume_and_train_every_sample_once(tmp_path):
     # Not vacuous: the raw ledger trained steps 2 and 4 twice (before the kills rolled back).
     runs = {s: {(e["run"], e["attempt"]) for e in entries if e.get("step") == s} for s in (2, 4)}
     assert len(runs[2]) == 2 and len(runs[4]) == 2, runs
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("how", ["master_port", "shared_store"])
+def test_restart_connects_with_an_explicit_master_port_or_a_shared_store(tmp_path, how):
+    """issue 29: with `--master_port` (torchrun's static rendezvous, whose store outlives
+    every attempt) or without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (--standalone sharing its
+    store), the restarted ranks read the previous attempt's gloo addresses: "Connection
+    refused" or a hang (through init_distributed, on this machine: 4 of 4 with --master_port,
+    2 of 2 shared). init_distributed initialises the world on the attempt's own store
+    (runtime/elastic.py init_world), so the documented recipe restarts under both."""
+    rdzv = ("--master_port", str(free_port())) if how == "master_port" else ("--standalone",)
+    job = tmp_path / "job"
+    # rank 1 dies in step 3; torchrun restarts both ranks, which resume from step 2
+    got = torchrun(job, "a", 1, ["a:0:3:1"], rdzv=rdzv, share_store=how == "shared_store")
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-3000:]
+    assert "run a attempt 1: epoch done at step 8" in got.stdout
+    assert "Connection refused" not in got.stderr
+    _, _, resumed_at = effective_steps(job)
+    assert resumed_at == [0, 2]

@@ -526,3 +526,15 @@ def test_ranks_iterating_differently_get_a_clear_error(workers):
     sent, wanted = workers.run(job_ranks_on_other_epochs)
     assert sent == "ok"
     assert "rank 1 wants the plan of epoch 1 batch 0, the planning rank sent epoch 0" in wanted
+
+
+def test_a_dataloader_without_collate_samples_is_refused_before_its_workers_start():
+    # issue 28 item 4: torch's default_collate stacks the samples, and in a worker that
+    # failed as "Trying to resize storage that is not resizable", naming neither.
+    sampler = DcpBatchSampler(LENGTHS, cost_for(1, fit_tokens=100), batch_size=4,
+                              planner="greedy")  # fmt: skip
+    loader = torch.utils.data.DataLoader(CountingDataset(LENGTHS), batch_sampler=sampler,
+                                         num_workers=2)  # fmt: skip
+    with pytest.raises(DcpOptError, match=r"collate_fn: the DataLoader has torch's default_co"):
+        next(sampler.planned(loader))
+    assert not sampler._sent  # refused before the DataLoader asked the sampler for a batch

@@ -287,5 +287,5 @@ def _runtime_attention(layer: nn.Module) -> SPState:
     shell.config, shell.model = attn.config, nn.Module()
     shell.model.layers = nn.ModuleList([layer])
     state = SPState()
-    parallelize_hf(shell, state)
+    parallelize_hf(shell, state, sync_weights=False)  # one layer of this process's own
     return state
