@@ -74,8 +74,9 @@ class CostModel(Features, Compute, Comm, Memory):
     replicated_seq_s: float = 0.0
     step_overhead_s: float = 0.0
     # The SP kinds a planner may give a group (cp_cost.SP_KINDS; Ulysses always): with "cp"
-    # the per-degree tables (table.py) and bounds take the least over the kinds, and greedy
-    # and cpsat choose each group's kind. Every figure of a given kind is the same either way.
+    # or "ring" the per-degree tables (table.py) and bounds take the least over the kinds,
+    # and greedy and cpsat choose each group's kind. Every figure of a given kind is the same
+    # either way.
     sp_kinds: tuple[str, ...] = ("ulysses",)
     # cp's collectives as a profile measured them (cp_cost.CPMeasurement per group size;
     # empty: the cluster's rates). Used by cp groups inside a node (cp_cost, Measured rates).
@@ -158,8 +159,8 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"sp_kinds: {kinds!r} not allowed; allowed: distinct entries of "
                 f"{list(cp_cost.SP_KINDS)}, 'ulysses' included"
             )
-        if "cp" in kinds:
-            cp_cost.check_kind(self.model, "cp")
+        for k in kinds:
+            cp_cost.check_kind(self.model, k)  # cp and ring: 1D models only
         object.__setattr__(self, "sp_kinds", tuple(k for k in cp_cost.SP_KINDS if k in kinds))
 
     def with_(self, **changes) -> CostModel:
