@@ -56,6 +56,13 @@ def record_sends():
         _RECORDER = saved
 
 
+def exchange_step(send: torch.Tensor, recv: torch.Tensor, sp: SPGroup) -> None:
+    """One forward ring step's transfer, waited: `send` to the next member, `recv` from the
+    previous (the profiler times this call: runtime/profile/fit.py measure_ring_steps)."""
+    d, r = sp.degree, sp.rank
+    _wait(_exchange(send, recv, sp, to=(r + 1) % d, frm=(r - 1) % d, tag=("profile", 0)))
+
+
 def _exchange(send: torch.Tensor, recv: torch.Tensor, sp: SPGroup, *, to: int, frm: int, tag):
     """Start one P2P step: `send` to member `to`, `recv` from member `frm` (group indices)."""
     if _RECORDER is not None:

@@ -22,8 +22,13 @@ TE:1690). One transfer of n blocks is one P2P call, X_n = n B / bw + latency (TE
   exposed 2 max(0, X_1 - a_b) + (d-2) max(0, X_2 - a_b); 2 (d-1) B bytes;
 - a recomputed layer runs the forward ring again.
 bw and latency are cp's (a node-crossing edge paces every step at the NIC rate; a topology:
-the ring's most loaded link, cp_cost.ring_rates). cp's measured collectives (cp_comm) are
-collectives, not P2P steps: ring groups keep the cluster's rates.
+the ring's most loaded link, cp_cost.ring_rates). Measured rates (optional; CostModel.
+ring_comm, from a profile: runtime/profile/fit.py measure_ring_steps): a RingMeasurement per
+group size holds what the runtime's own P2P step (one block to the next member, one from the
+previous) took on the profiled host, fitted as time = latency + block bytes / bandwidth; a
+ring group inside a node (two-level cluster) pays the measurement of its degree, else of the
+largest measured group. Groups across nodes and topology clusters keep the rates above (one
+host measures no NIC), as cp's measured collectives.
 
 Memory: autograd keeps per layer what Ulysses keeps (own q, K/V, output, logsumexp: TE:2087,
 2142); the one working layer holds the ring's buffers, 4 blocks at the backward's peak (send
@@ -35,11 +40,51 @@ one's transfers), so tables and bounds price a ring group without it (`additive`
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
+from ..errors import DcpOptError
 from . import cp as cp_cost
 
 BUFFER_BLOCKS = 4  # the backward's send and receive buffers, each K/V + dK/dV (TE:2396-2401)
+
+
+@dataclass(frozen=True)
+class RingMeasurement:
+    """The ring's P2P step at one group size (module doc, Measured rates): time = latency_s
+    (per step) + bytes of the block each member sends / bandwidth."""
+
+    group_size: int
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+
+def check_measurements(items) -> tuple[RingMeasurement, ...]:
+    """CostModel.ring_comm checked: RingMeasurements of distinct group sizes >= 2, bandwidth
+    finite > 0, latency finite >= 0; sorted by group size."""
+    given = items
+    try:
+        items = tuple(items)
+        ok = all(
+            isinstance(m, RingMeasurement)
+            and isinstance(m.group_size, int)
+            and m.group_size >= 2
+            and math.isfinite(m.bandwidth_bytes_per_s)
+            and m.bandwidth_bytes_per_s > 0
+            and math.isfinite(m.latency_s)
+            and m.latency_s >= 0
+            for m in items
+        )
+    except TypeError:  # not iterable, or a rate that is not a number
+        items, ok = (), False
+    if not ok or len({m.group_size for m in items}) != len(items):
+        raise DcpOptError(
+            f"ring_comm: must be RingMeasurements of distinct group sizes >= 2 with finite "
+            f"bandwidths > 0 and latencies >= 0, got {given!r}"
+        )
+    return tuple(sorted(items, key=lambda m: m.group_size))
 
 
 def block_bytes(model, tokens, d):
@@ -69,7 +114,16 @@ def step_rates(cost, d, spans_nodes):
         return cp_cost.ring_rates(c, d, spans_nodes)
     spans = np.asarray(spans_nodes) & (d > 1)
     bw = np.where(spans, c.inter_node_bw, c.intra_node_bw)
-    return 1.0 / bw, np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+    lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+    measured = getattr(cost, "ring_comm", ())
+    if measured:  # the profile's rates inside a node (module doc, Measured rates)
+        by = {m.group_size: m for m in measured}
+        pick = np.vectorize(lambda x: int(x) if int(x) in by else measured[-1].group_size)
+        sizes = pick(d)
+        m_bw = np.vectorize(lambda g: by[int(g)].bandwidth_bytes_per_s, otypes=[float])(sizes)
+        m_lat = np.vectorize(lambda g: by[int(g)].latency_s, otypes=[float])(sizes)
+        bw, lat = np.where(spans, bw, m_bw), np.where(spans, lat, m_lat)
+    return 1.0 / bw, lat
 
 
 def exposed_per_layer(cost, tokens, d, spans_nodes, attn_fwd, attn_bwd, speed=1.0):
