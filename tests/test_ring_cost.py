@@ -176,3 +176,19 @@ def test_phase_of_ring_groups_only_and_its_micro_batches():
         assert e.memory_bytes == pytest.approx(
             float(COST.memory(sum(s.num_tokens for s in seqs), 4, e.recompute_layers, "ring"))
         )
+
+
+def test_validate_charges_a_ring_group_its_own_memory():
+    # memory where 1000 tokens at d = 4, r = 0 fit as Ulysses (250 * 3010 B of activations)
+    # but not as ring (250 * 3266 B): the ring group is OUT_OF_MEMORY, the Ulysses one valid;
+    # ring at r = 1 (250 * 2366 B) fits
+    need_u = float(COST.memory(1000, 4, 0))
+    cost = COST.with_(cluster=CLUSTER.with_(memory_bytes=need_u / COST.usable_memory_fraction))
+    batch = Batch.from_lengths([1000])
+
+    def plan(kind, r):
+        return make_plan([[Group(0, 4, (MicroBatch((0,), r),), kind)]], batch, cost, planner="h")
+
+    assert validate(plan("ulysses", 0), batch, cost) == []
+    assert [v.code for v in validate(plan("ring", 0), batch, cost)] == ["OUT_OF_MEMORY"]
+    assert validate(plan("ring", 1), batch, cost) == []
