@@ -149,6 +149,7 @@ class Compute:
         if np.ndim(speed) or speed != 1:  # x / 1.0 == x: skip two passes at full speed
             compute, recompute = compute / speed, recompute / speed
         if kind == "ring":  # what the transfers do not hide, forward + backward + recompute
+            assert attn is not None, "time_parts_from: a ring group needs `attn`"
             x_f, x_b = ring_cost.exposed_per_layer(self, tokens, d, spans_nodes, *attn, speed)
             return compute, recompute, L * (x_f + x_b) + r * x_f
         layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
