@@ -8,8 +8,9 @@ A Plan is frozen and JSON-serialisable (docs/plan-format.md). Its meaning:
   (`Cluster.placements(degree)`: start % degree == 0, plus, on a fabric with domains that
   the degree does not divide, starts aligned to a domain's start); a group with no
   micro-batches is idle in that phase;
-- a group runs one sequence-parallel kind (`kind`): "ulysses" (all-to-all over heads) or
-  "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cost/cp.py);
+- a group runs one sequence-parallel kind (`kind`): "ulysses" (all-to-all over heads),
+  "cp" (all-gather-KV context parallelism with causal head-tail chunks, dcp_opt/cost/cp.py)
+  or "ring" (ring attention over the same chunks, dcp_opt/cost/ring.py);
 - a group processes its micro-batches in order (gradient accumulation); every micro-batch
   holds one or more whole sequences, sharded over the group's ranks, and recomputes the
   first `recompute_layers` layers in backward (pyramid checkpointing keeps the rest);

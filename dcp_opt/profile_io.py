@@ -4,8 +4,8 @@ A profile records what was measured (device, date, torch version, thread count),
 model (a fingerprint of everything that decides one layer's cost: depth is extrapolated, so
 `num_layers` is not part of it), the fitted `CostCoefficients`, the fit report, and optionally
 the all-to-all bandwidth measured per group size and (schema 2) cp's all-gather and
-reduce-scatter per group size (`cp`; a profile without them is written as schema 1, as
-before). Loading checks every field and names the one at fault, so a stale or hand-edited file
+reduce-scatter per group size (`cp`) and the ring's P2P step per group size (`ring`); a
+profile without either is written as schema 1, as before. Loading checks every field and names the one at fault, so a stale or hand-edited file
 fails loudly instead of planning with nonsense.
 
     profile = load_profile("tiny-lm.profile.json", model=spec)   # -> Profile
@@ -27,11 +27,12 @@ from typing import Any
 from .cluster import Cluster
 from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
 from .cost.cp import CPMeasurement
+from .cost.ring import RingMeasurement
 from .errors import DcpOptError, loads_json
 from .model import ModelSpec
 
-PROFILE_SCHEMA_VERSION = 2  # 2: the optional `cp` measurements
-READS_SCHEMA_VERSIONS = (1, 2)  # a version-1 profile is a version 2 without `cp`
+PROFILE_SCHEMA_VERSION = 2  # 2: the optional `cp` and `ring` measurements
+READS_SCHEMA_VERSIONS = (1, 2)  # a version-1 profile is a version 2 without `cp` and `ring`
 PROFILE_KIND = "dcp_opt.profile"
 # What decides one layer's cost; name, depth and parameter count do not.
 _LAYER_FIELDS = (
@@ -203,6 +204,7 @@ class Profile:
     runtime: RuntimeCalibration | None = None
     schema_version: int = PROFILE_SCHEMA_VERSION
     cp: tuple[CPMeasurement, ...] = ()
+    ring: tuple[RingMeasurement, ...] = ()
 
     @property
     def model_fingerprint(self) -> str:
@@ -210,8 +212,8 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {
-            # the lowest version that holds it: a profile without cp stays readable as 1
-            "schema_version": PROFILE_SCHEMA_VERSION if self.cp else 1,
+            # the lowest version that holds it: a profile without cp and ring stays version 1
+            "schema_version": PROFILE_SCHEMA_VERSION if self.cp or self.ring else 1,
             "kind": PROFILE_KIND,
             "device": self.device,
             "date": self.date,
@@ -221,6 +223,7 @@ class Profile:
             "fit": self.fit,
             "a2a": [asdict(a) for a in self.a2a],
             **({"cp": [asdict(m) for m in self.cp]} if self.cp else {}),
+            **({"ring": [asdict(m) for m in self.ring]} if self.ring else {}),
             "method": self.method,
             **({} if self.runtime is None else {"runtime": self.runtime.to_dict()}),
         }
@@ -291,6 +294,7 @@ def profile_from_dict(d: Any) -> Profile:
         fit=d.get("fit", {}) if isinstance(d.get("fit", {}), dict) else {},
         a2a=_parse_a2a(d.get("a2a", [])),
         cp=_parse_cp(d.get("cp", [])),
+        ring=_parse_ring(d.get("ring", [])),
         method=d.get("method", {}) if isinstance(d.get("method", {}), dict) else {},
         runtime=runtime,
     )
@@ -326,7 +330,8 @@ def cost_model_from_profile(
     replaced by the profile's all-to-all measurement of its largest group size, or, when the
     profile has a runtime calibration with an in-situ all-to-all fit, by that fit; and cp
     groups inside a node pay the profile's measured all-gather and reduce-scatter
-    (`CostModel.cp_comm`, dcp_opt/cost/cp.py) when it has them (else the rates above).
+    (`CostModel.cp_comm`, dcp_opt/cost/cp.py) when it has them (else the rates above), ring
+    groups inside a node its measured P2P step (`CostModel.ring_comm`, dcp_opt/cost/ring.py).
     A runtime calibration (`Profile.runtime`) is applied unless `use_runtime_calibration`
     is False; when the cluster has the calibrated world size and `grad_reduce_bytes_per_param`
     is not given, the gradient sync is set to the measured one. The calibration's knobs
@@ -350,6 +355,8 @@ def cost_model_from_profile(
         )
     if use_measured_a2a and prof.cp:
         cost_kw.setdefault("cp_comm", prof.cp)
+    if use_measured_a2a and prof.ring:
+        cost_kw.setdefault("ring_comm", prof.ring)
     if cal is not None and cluster.num_gpus == cal.world:
         cost_kw.setdefault(
             "grad_reduce_bytes_per_param", cal.grad_reduce_bytes_per_param(model, cluster)
@@ -451,6 +458,19 @@ def _parse_cp(items: Any) -> tuple[CPMeasurement, ...]:
         out.append(CPMeasurement(**vals))
     if len({m.group_size for m in out}) != len(out):
         raise ProfileError(f"profile.cp: group sizes must be distinct, got {items}")
+    return tuple(out)
+
+
+def _parse_ring(items: Any) -> tuple[RingMeasurement, ...]:
+    out = []
+    for where, a in _objects(items, "ring"):
+        vals = {f.name: _number(a, f.name, where, integer=f.name == "group_size")
+                for f in fields(RingMeasurement)}  # fmt: skip
+        if vals["group_size"] < 2 or vals["bandwidth_bytes_per_s"] <= 0:
+            raise ProfileError(f"{where}: needs group_size >= 2 and bandwidth > 0, got {a}")
+        out.append(RingMeasurement(**vals))
+    if len({m.group_size for m in out}) != len(out):
+        raise ProfileError(f"profile.ring: group sizes must be distinct, got {items}")
     return tuple(out)
 
 

@@ -21,10 +21,11 @@ class SeqTable:
     time_no_overhead: np.ndarray  # (n, D) the same less the per-micro-batch overhead
     # (n, D) the same less every per-micro-batch constant (overhead, per-layer kernel
     # launches, all-to-all latency): the part a packed micro-batch cannot share, so a sum of
-    # these never exceeds the packed time (what a certified bound needs).
+    # these never exceeds the packed time (what a certified bound needs). A ring group's
+    # exposed transfers are left out (packing may hide them: CostModel.additive_time).
     time_marginal: np.ndarray | None = None
     # (D,) seconds of an empty micro-batch at r = 0: the per-micro-batch constant that
-    # sequences packed into one micro-batch pay once.
+    # sequences packed into one micro-batch pay once (ring: without its exposed latency).
     const: np.ndarray | None = None
     # (n, D) index into cost.sp_kinds of the kind whose time `time` is (None: Ulysses only).
     # With several kinds every time column is the least over the kinds (so bounds from the
@@ -135,8 +136,14 @@ def _block(
                 at = [cost.time(rows, d, rec[i], spans_nodes=k, **kw) for k in classes]
                 t_all[i] = np.max(at, axis=0)
     t, empty = t_all[:, :n], t_all[:, n:]
+    if sp_kind == "ring":  # marginal and constant without the exposure, which packing can
+        # hide (CostModel.additive_time; docs/cost-model.md, ring, Bounds): no comm classes
+        add = cost.additive_time_by_degree(rows, degrees, rec, kind=sp_kind)
+        t_add, empty = add[:, :n], add[:, n:]
+    else:
+        t_add = t
     ok = r_min >= 0
-    marginal = np.where(ok, t - np.take_along_axis(empty, r_min, axis=1), np.inf)
+    marginal = np.where(ok, t_add - np.take_along_axis(empty, r_min, axis=1), np.inf)
     return r_min, np.where(ok, t, np.inf), marginal, empty[:, 0]
 
 

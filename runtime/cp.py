@@ -283,11 +283,12 @@ def _varlen_chunks(q, kv, kv_heads, chunks, *, scale, window):
 
 def shard_for_group(pack, samples, kind: str, state) -> dict:
     """This member's part of a packed micro-batch under the active group's SP kind (on the
-    CPU); sets the whole stream's `segments` on `state`, and under cp its `layout` and
-    `positions`. Ulysses: contiguous shards of the stream padded to a multiple of d
-    (runtime/sp.py); cp: head-tail chunks of every sequence. `pack` is LMTask.pack."""
+    CPU); sets the whole stream's `segments` on `state`, and under cp and ring its `layout`
+    and `positions`. Ulysses: contiguous shards of the stream padded to a multiple of d
+    (runtime/sp.py); cp and ring (runtime/ring.py): head-tail chunks of every sequence.
+    `pack` is LMTask.pack."""
     sp = state.sp
-    if state.kind == "cp" and sp.degree > 1:
+    if state.kind in ("cp", "ring") and sp.degree > 1:
         lengths = [s.shape[0] - 1 for _, s in samples]  # a sample is L + 1 token ids
         part, padded, layout = shard_stream(pack(samples, kind, 1), lengths, sp)
         state.segments, state.positions, state.layout = (

@@ -267,14 +267,16 @@ def _num_layers(model: nn.Module) -> int | None:
 
 
 def check_kinds(plan: Plan, task) -> None:
-    """Refuse, before any collective, cp groups for a task that cannot shard for them (its
-    class sets `supports_cp`: LMTask, HFCausalLMTask; runtime/cp.py)."""
+    """Refuse, before any collective, cp and ring groups for a task that cannot shard for
+    them (its class sets `supports_cp`: LMTask, HFCausalLMTask; runtime/cp.py, ring.py)."""
     if getattr(task, "supports_cp", False):
         return
-    if any(g.kind == "cp" and g.degree > 1 for ph in plan.phases for g in ph.groups):
+    kinds = {g.kind for ph in plan.phases for g in ph.groups if g.degree > 1} - {"ulysses"}
+    if kinds:
+        kind = sorted(kinds)[0]
         raise ValueError(
-            f"plan: a group of kind 'cp' needs a 1D task that runs it (LMTask, HFCausalLMTask); "
-            f"{type(task).__name__} runs only 'ulysses'"
+            f"plan: a group of kind {kind!r} needs a 1D task that runs it (LMTask, "
+            f"HFCausalLMTask); {type(task).__name__} runs only 'ulysses'"
         )
 
 

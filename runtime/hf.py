@@ -49,6 +49,7 @@ from .hf_layers import (  # noqa: F401 (UnsupportedModelError: re-exported)
 from .models import compute_dtype_bytes
 from .parallelize import SPState
 from .replicas import sync_replicas
+from .ring import ring_attention
 from .sp import pad_dim, ulysses_attention
 from .tasks import LMTask, token_weight
 
@@ -115,8 +116,9 @@ def dcp_attention(
     heads, degree = query.shape[1], state.sp.degree
     q = query[0].transpose(0, 1)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    if state.kind == "cp" and degree > 1:  # all-gather-KV over head-tail chunks (cp.py)
-        out = cp_attention(
+    if state.kind in ("cp", "ring") and degree > 1:  # head-tail chunks (cp.py, ring.py)
+        fn = cp_attention if state.kind == "cp" else ring_attention
+        out = fn(
             q, key[0].transpose(0, 1), value[0].transpose(0, 1), state.sp,
             layout=state.layout, segments=state.segments, positions=state.positions,
             scale=scale, window=sliding_window, softcap=softcap, sinks=s_aux,

@@ -19,6 +19,7 @@ from .attention import segment_attention
 from .cp import cp_attention
 from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
 from .replicas import sync_replicas
+from .ring import ring_attention
 from .sp import SPGroup, ulysses_attention
 from .video import to_spatial, to_temporal
 
@@ -30,9 +31,9 @@ class SPState:
 
     1D: `segments` holds the segment id of every token of the whole padded packed stream.
     2D: the micro-batch's layout travels with the model's inputs (runtime/video.py).
-    `kind`: the active group's SP kind ("ulysses" or "cp", plan Group.kind); under cp
-    `layout` [d, M] holds each member's stream indices and `positions` the whole stream's
-    in-sequence positions (runtime/cp.py)."""
+    `kind`: the active group's SP kind ("ulysses", "cp" or "ring", plan Group.kind); under
+    cp and ring `layout` [d, M] holds each member's stream indices and `positions` the whole
+    stream's in-sequence positions (runtime/cp.py, runtime/ring.py)."""
 
     sp: SPGroup = field(default_factory=SPGroup.single)
     recompute_layers: int = 0
@@ -63,8 +64,9 @@ def parallelize(model: nn.Module, state: SPState, *, sync_weights: bool = True) 
 
 def _parallelize_lm(model: TinyLM, state: SPState) -> None:
     def attention(q, k, v, *, segments, causal):
-        if state.kind == "cp" and state.sp.degree > 1:  # all-gather-KV, head-tail chunks
-            return cp_attention(
+        if state.kind in ("cp", "ring") and state.sp.degree > 1:  # head-tail chunks
+            fn = cp_attention if state.kind == "cp" else ring_attention
+            return fn(
                 q, k, v, state.sp,
                 layout=state.layout, segments=state.segments, positions=state.positions,
             )  # fmt: skip

@@ -49,7 +49,7 @@ class LMTask:
     """Next-token prediction. A sample is a LongTensor of L+1 token ids (inputs = first L,
     labels = last L), so a sequence of shape (L,) has exactly L loss tokens."""
 
-    supports_cp = True  # shards by the group's SP kind (cp.shard_for_group)
+    supports_cp = True  # shards by the group's SP kind, cp and ring too (cp.shard_for_group)
 
     def pack(self, samples, kind: str, degree: int):
         """Whole packed stream, padded to a multiple of `degree`."""

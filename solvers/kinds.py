@@ -1,13 +1,15 @@
-"""Each group's SP kind (ulysses | cp) for greedy and cpsat, when cost.sp_kinds allows cp.
+"""Each group's SP kind (ulysses | cp | ring) for greedy and cpsat, when cost.sp_kinds offers
+more than Ulysses.
 
 A planner's groups come as Ulysses groups; `choose_kinds` then gives each group of degree > 1
 the kind under which its micro-batches take the least time, each at the fewest recomputed
-layers that fit under that kind (cp holds the gathered K/V: dcp_opt/cost/cp.py). A group
-turns to cp only when that is faster by more than rounding, so no group's time grows; and the
-step time of a plan is non-decreasing in its groups' times (a group starts when its ranks
-are free: max and + only, dcp_opt/simulate.py), so the plan is never slower than its
-Ulysses-only self. `best_with_kinds` also keeps the planner's Ulysses-only plan beside it,
-so choosing kinds never loses against Ulysses-only planning either.
+layers that fit under that kind (cp holds the gathered K/V: dcp_opt/cost/cp.py; ring its
+buffers: dcp_opt/cost/ring.py). A group changes kind only when that is faster by more than
+rounding, so no group's time grows; and the step time of a plan is non-decreasing in its
+groups' times (a group starts when its ranks are free: max and + only, dcp_opt/simulate.py),
+so the plan is never slower than its Ulysses-only self. `best_with_kinds` also keeps the
+planner's Ulysses-only plan beside it, so choosing kinds never loses against Ulysses-only
+planning either.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.plan import Group, MicroBatch
 
-# cp must win by more than this share: sums of the same terms in another order round apart
+# another kind must win by more than this share: sums of the same terms in another order
+# round apart
 MARGIN = 1e-9
 
 
 def choose_kinds(phases, batch: Batch, cost: CostModel) -> list[list[Group]]:
     """`phases` (lists of groups) with each group's kind chosen (module doc)."""
-    if "cp" not in cost.sp_kinds:
+    if len(cost.sp_kinds) == 1:
         return [list(gs) for gs in phases]
     feats = cost.batch_features(batch)
     row = {s.id: k for k, s in enumerate(batch.sequences)}
@@ -40,22 +43,25 @@ def _choose(g: Group, feats, row, cost: CostModel) -> Group:
     f = np.array([feats[[row[s] for s in mb.sequence_ids]].sum(axis=0) for mb in g.micro_batches])
     tokens = f[:, -2]
     cap = cost.capacity(g.start_rank, g.degree)
-    r_cp = cost.min_recompute(tokens, g.degree, cap, kind="cp")
-    if np.any(r_cp < 0):
-        return g  # some micro-batch does not fit under cp
-    r_u = np.array([mb.recompute_layers for mb in g.micro_batches])
     where = {
         "spans_nodes": cost.cluster.comm_class(g.start_rank, g.degree),
         "speed": cost.cluster.group_speed(g.start_rank, g.degree),
     }
-    t_u = float(np.sum(cost.time(f, g.degree, r_u, **where)))
-    t_cp = float(np.sum(cost.time(f, g.degree, r_cp, kind="cp", **where)))
-    if t_cp >= t_u * (1 - MARGIN):
+    r_u = np.array([mb.recompute_layers for mb in g.micro_batches])
+    best, best_t, best_r = "ulysses", float(np.sum(cost.time(f, g.degree, r_u, **where))), r_u
+    for kind in cost.sp_kinds[1:]:  # in SP_KINDS order: cp before ring on a tie
+        r = cost.min_recompute(tokens, g.degree, cap, kind=kind)
+        if np.any(r < 0):
+            continue  # some micro-batch does not fit under this kind
+        t = float(np.sum(cost.time(f, g.degree, r, kind=kind, **where)))
+        if t < best_t * (1 - MARGIN):
+            best, best_t, best_r = kind, t, r
+    if best == "ulysses":
         return g
     mbs = tuple(
-        MicroBatch(mb.sequence_ids, int(r)) for mb, r in zip(g.micro_batches, r_cp, strict=True)
+        MicroBatch(mb.sequence_ids, int(r)) for mb, r in zip(g.micro_batches, best_r, strict=True)
     )
-    return replace(g, micro_batches=mbs, kind="cp")
+    return replace(g, micro_batches=mbs, kind=best)
 
 
 def kind_shares(plan) -> dict[str, float]:

@@ -181,6 +181,10 @@ def toy_costs(draw, max_gpus: int = 64) -> CostModel:
     return toy_cost(nodes, per, float(draw(st.integers(40, 2000))))
 
 
+# the SP kinds a 1D cost model may offer: Ulysses alone, with cp, with ring, with both
+SP_KIND_SETS = (("ulysses",), ("ulysses", "cp"), ("ulysses", "ring"), ("ulysses", "cp", "ring"))
+
+
 @st.composite
 def flops_costs(draw, max_gpus: int = 64, kind: str | None = None, mixed=None) -> CostModel:
     model = draw(models(kind))
@@ -188,10 +192,9 @@ def flops_costs(draw, max_gpus: int = 64, kind: str | None = None, mixed=None) -
     sharding = draw(st.sampled_from(SHARDING_MODES))
     frac = draw(st.sampled_from([0.7, 0.9, 1.0]))
     cost = CostModel(model, cluster, optimizer_sharding=sharding, usable_memory_fraction=frac)
-    if model.kind == "1d" and draw(
-        BOOLS
-    ):  # planners may give groups either SP kind (dcp_opt/cost/cp.py)
-        cost = cost.with_(sp_kinds=("ulysses", "cp"))
+    if model.kind == "1d":  # planners may give groups any offered SP kind (dcp_opt/cost/)
+        kinds = draw(st.sampled_from(SP_KIND_SETS))
+        cost = cost if kinds == ("ulysses",) else cost.with_(sp_kinds=kinds)
     return with_headroom(cost, draw(st.sampled_from([1.05, 1.5, 3.0])))
 
 
@@ -325,7 +328,8 @@ def valid_plans(draw, inst: Instance, dense: bool | None = None, cp: bool = Fals
     each sequence goes to the fitting group with the least work so far, micro-batches are
     packed as full as memory allows, and recompute is the fewest that fits. Otherwise the
     group, the packing and the recompute choice are all drawn. `cp`: where the cost model
-    offers cp, some groups are cp (the bounds' tests; simulate's reference is Ulysses')."""
+    offers cp or ring, some groups are of those kinds (the bounds' tests; simulate's
+    reference is Ulysses')."""
     cost, batch = inst.cost, inst.batch
     L = cost.model.num_layers
     dense = draw(BOOLS) if dense is None else dense
@@ -379,14 +383,13 @@ def _group(draw, cost, batch, start, d, ids, L, dense, cp=False) -> Group:
         else:
             mbs.append([sid])
             tokens.append(t)
-    # a cost model offering cp: some groups are cp where every micro-batch fits its memory
-    # (the K/V it gathers may need more recompute than Ulysses), so bounds meet cp plans too
+    # a cost model offering cp or ring: some groups are of those kinds where every
+    # micro-batch fits its memory (cp's gathered K/V and ring's buffers may need more
+    # recompute than Ulysses), so bounds meet cp and ring plans too
     kind = "ulysses"
-    cp_ok = (
-        cp and "cp" in cost.sp_kinds and all(_fits(cost, t, start, d, "cp") >= 0 for t in tokens)
-    )
-    if cp_ok and draw(BOOLS):
-        kind = "cp"
+    other = [k for k in cost.sp_kinds[1:] if all(_fits(cost, t, start, d, k) >= 0 for t in tokens)]
+    if cp and other and draw(BOOLS):
+        kind = draw(st.sampled_from(other))
     out = []
     for ids_, t in zip(mbs, tokens, strict=True):
         r0 = _fits(cost, t, start, d, kind)

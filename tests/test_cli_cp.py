@@ -89,13 +89,15 @@ def test_plan_and_simulate_with_cp(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("command", "value", "needle"),
     [
-        (["plan", *PLAN], "ring", "--sp-kinds: 'ring' not allowed; allowed: 'ulysses' or"),
+        (["plan", *PLAN], "ring", "--sp-kinds: 'ring' not allowed; allowed: 'ulysses' with"),
         (["plan", *PLAN], "cp", "--sp-kinds: 'cp' not allowed"),
         (["plan", *PLAN], "ulysses,ulysses", "--sp-kinds: 'ulysses,ulysses' not allowed"),
         (["plan", "--workload", "2d-short", "--cluster", "h200x8"], "ulysses,cp",
          "--sp-kinds: 'cp' not allowed for 2d"),
-        (["bench", "--workloads", "1d-short", "--no-progress"], "ulysses,ring",
-         "--sp-kinds: 'ulysses,ring' not allowed"),
+        (["bench", "--workloads", "1d-short", "--no-progress"], "ulysses,star",
+         "--sp-kinds: 'ulysses,star' not allowed"),
+        (["plan", "--workload", "2d-short", "--cluster", "h200x8"], "ulysses,ring",
+         "--sp-kinds: 'ring' not allowed for 2d"),
     ],
 )  # fmt: skip
 def test_bad_sp_kinds_is_one_line(capsys, command, value, needle):

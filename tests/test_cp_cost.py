@@ -94,8 +94,8 @@ def test_vectorised_matches_scalar():
 
 
 def test_bad_kind_and_cp_on_2d_are_one_line_errors():
-    with pytest.raises(DcpOptError, match="sp kind: 'ring' not allowed; allowed"):
-        COST.time_parts(COST.features(_seq(10)), 2, 0, kind="ring")
+    with pytest.raises(DcpOptError, match="sp kind: 'star' not allowed; allowed"):
+        COST.time_parts(COST.features(_seq(10)), 2, 0, kind="star")
     dit = CostModel(model_preset("opensora-stdit3-xl"), CLUSTER)
     with pytest.raises(DcpOptError, match="'cp' not allowed for the 2d model"):
         dit.memory(100, 2, 0, "cp")

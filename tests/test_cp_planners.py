@@ -90,7 +90,7 @@ def test_baselines_keep_ulysses():
 
 @pytest.mark.parametrize(
     "kinds, match",
-    [(("cp",), "'ulysses' included"), (("ulysses", "ring"), "not allowed"),
+    [(("cp",), "'ulysses' included"), (("ulysses", "star"), "not allowed"),
      (("ulysses", "ulysses"), "distinct")],
 )  # fmt: skip
 def test_sp_kinds_errors(kinds, match):
@@ -99,3 +99,5 @@ def test_sp_kinds_errors(kinds, match):
     dit = CostModel(model_preset("opensora-stdit3-xl"), cluster_preset("h200x8"))
     with pytest.raises(DcpOptError, match="'cp' not allowed for the 2d model"):
         dit.with_(sp_kinds=("ulysses", "cp"))
+    with pytest.raises(DcpOptError, match="'ring' not allowed for the 2d model"):
+        dit.with_(sp_kinds=("ulysses", "ring"))

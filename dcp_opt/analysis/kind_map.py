@@ -1,4 +1,5 @@
-"""Where each SP kind wins: Ulysses against cp over sequence length x degree (issue 16).
+"""Where each SP kind wins: Ulysses against cp (and ring, where the cost model offers it) over
+sequence length x degree (issues 16, 25).
 
     doc = kind_map(cost)                        # default lengths: powers of two, 2K..1M
     doc = kind_map(cost, distribution_rows(dist))   # the rows a distribution spans
@@ -9,6 +10,11 @@ group of that degree, once per kind, each at its fewest recomputed layers that f
 planner's rule, solvers/kinds.py), and `cp_over_ulysses` = t_cp / t_ulysses: below 1 cp is
 faster by that factor. The winner is cp only when faster by more than rounding (solvers/kinds.py
 MARGIN), as the planner decides; a kind that does not fit has no time, and the other wins.
+Where the cost model offers ring (`sp_kinds`), each cell also holds `ring_s` and
+`ring_over_ulysses`, and the winner is taken over the three kinds in the planner's order
+(ulysses, cp, ring: a kind replaces the best so far only when faster by more than MARGIN;
+dcp_opt/cost/ring.py: ring's attention splits as cp's, its K/V steps overlap attention, its
+memory holds two blocks in flight, not the gathered whole).
 Groups use the cost model's per-degree default placement (a degree beyond a node spans
 nodes). Why one sequence alone: the planner chooses per group, and a group's time is the sum
 of its micro-batches', each dominated by its longest sequence; the map shows the terms the
@@ -20,8 +26,9 @@ degree x seconds).
 
 JSON (the what-if document's `kind_map`): lengths, degrees, token_share (the distribution's
 share of tokens in each row's power-of-two bin; null without a distribution), cells (rows x
-degrees of {ulysses_s, cp_s, cp_over_ulysses, winner}; a time is null where the kind does not
-fit, the ratio null unless both fit, winner null where neither fits).
+degrees of {ulysses_s, cp_s, cp_over_ulysses, winner}, and ring_s, ring_over_ulysses where ring
+is offered; a time is null where the kind does not fit, a ratio null unless both fit, winner
+null where none fits).
 """
 
 from __future__ import annotations
@@ -53,15 +60,21 @@ def _time(cost: CostModel, feats, length: int, d: int, kind: str) -> float | Non
     return None if r < 0 else float(cost.time(feats, d, r, kind=kind))
 
 
-def _cell(t_u: float | None, t_cp: float | None) -> dict:
+def _cell(times: dict) -> dict:
+    """One cell from {kind: seconds or None}, Ulysses first (module doc)."""
     from dcp_opt.solvers.kinds import MARGIN  # the planner's own tie rule
 
-    ratio = None if t_u is None or t_cp is None else t_cp / t_u
-    if ratio is not None:
-        winner = "cp" if ratio < 1 - MARGIN else "ulysses"
-    else:
-        winner = "ulysses" if t_u is not None else ("cp" if t_cp is not None else None)
-    return {"ulysses_s": t_u, "cp_s": t_cp, "cp_over_ulysses": ratio, "winner": winner}
+    t_u = times["ulysses"]
+    winner, best = None, None
+    for k, t in times.items():  # in SP_KINDS order, as solvers/kinds.py chooses
+        if t is not None and (best is None or t < best * (1 - MARGIN)):
+            winner, best = k, t
+    out = {"ulysses_s": t_u}
+    for k, t in times.items():
+        if k != "ulysses":
+            out[f"{k}_s"] = t
+            out[f"{k}_over_ulysses"] = None if t_u is None or t is None else t / t_u
+    return {**out, "winner": winner}
 
 
 def kind_map(cost: CostModel, lengths=DEFAULT_LENGTHS, token_share=None, degrees=None) -> dict:
@@ -75,10 +88,11 @@ def kind_map(cost: CostModel, lengths=DEFAULT_LENGTHS, token_share=None, degrees
     if not lengths or min(lengths) < 1:
         raise DcpOptError(f"kind map lengths: must be integers >= 1, got {lengths}")
     degrees = [d for d in cost.cluster.allowed_degrees if d > 1] if degrees is None else degrees
+    kinds = ("ulysses", "cp", "ring") if "ring" in cost.sp_kinds else ("ulysses", "cp")
     cells = []
     for n in lengths:
         f = cost.features(Sequence(0, (n,)))
-        row = [_cell(_time(cost, f, n, d, "ulysses"), _time(cost, f, n, d, "cp")) for d in degrees]
+        row = [_cell({k: _time(cost, f, n, d, k) for k in kinds}) for d in degrees]
         cells.append(row)
     return {
         "lengths": lengths,
@@ -99,29 +113,33 @@ def kind_shares(events) -> dict[str, float]:
 
 
 def map_lines(doc: dict, title: str = "") -> list[str]:
-    """Plain text of a map: cp / Ulysses time per cell ("cp only": only cp fits,
-    "ulys only": only Ulysses, "-": neither)."""
-    head = f"{title + ' ' if title else ''}cp/ulysses " + " ".join(
-        f"d={d:<7d}" for d in doc["degrees"]
+    """Plain text of a map: cp / Ulysses time per cell, and ring / Ulysses after a bar where
+    the map has ring ("<kind> only": only that kind fits, "ulys only": only Ulysses, "-":
+    none)."""
+    ring = bool(doc["cells"]) and "ring_s" in doc["cells"][0][0]
+    others = ("cp", "ring") if ring else ("cp",)
+    width = 19 if ring else 9
+    head = f"{title + ' ' if title else ''}{'|'.join(others)}/ulysses " + " ".join(
+        f"d={d:<{width - 2}d}" for d in doc["degrees"]
     )
     lines = [head]
     for n, row in zip(doc["lengths"], doc["cells"], strict=True):
         texts = []
         for c in row:
-            if c["cp_over_ulysses"] is not None:
-                texts.append(f"{c['cp_over_ulysses']:<9.3f}")
+            ratios = [c[f"{k}_over_ulysses"] for k in others]
+            if any(r is not None for r in ratios):
+                text = "|".join("-" if r is None else f"{r:.3f}" for r in ratios)
             else:
-                texts.append(
-                    {"cp": "cp only  ", "ulysses": "ulys only", None: "-        "}[c["winner"]]
-                )
+                text = {"ulysses": "ulys only", None: "-"}.get(c["winner"], f"{c['winner']} only")
+            texts.append(f"{text:<{width}}")
         lines.append(f"{n:>8d} tokens    " + " ".join(texts))
     return lines
 
 
 def whatif_kind_map(dist, cost: CostModel, best_outcomes) -> dict:
-    """The what-if document's {"kind_map": ...} when `cost` offers cp, else {}: the map over
-    the distribution's rows and the kinds of the best planner's outcomes (their .sim)."""
-    if "cp" not in cost.sp_kinds:
+    """The what-if document's {"kind_map": ...} when `cost` offers cp or ring, else {}: the
+    map over the distribution's rows and the kinds of the best planner's outcomes (.sim)."""
+    if len(cost.sp_kinds) == 1:
         return {}
     doc = kind_map(cost, *distribution_rows(dist))
     events = [e for o in best_outcomes if o.sim is not None for e in o.sim.events]

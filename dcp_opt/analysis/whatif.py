@@ -36,7 +36,7 @@ JSON document (`WHATIF_SCHEMA` = "dcp-opt-whatif/1"):
     sweep_gpus       one row per GPU count: num_gpus, cluster, speedup {planner: {median,
                      p10, p90} or null}, note (e.g. a bin that does not fit)
     sweep_inter_bw   one row per scale: scale, inter_node_bw_gbps, speedup, note
-    kind_map   only when the cost model offers cp (`sp_kinds`, `--sp-kinds ulysses,cp`):
+    kind_map   only when the cost model offers cp or ring (`sp_kinds`, `--sp-kinds ulysses,cp`):
                where each SP kind wins over length x degree for the distribution's lengths,
                and the best planner's GPU-time share per kind (dcp_opt.analysis.kind_map)
 """

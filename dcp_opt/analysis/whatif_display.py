@@ -117,10 +117,13 @@ def render_tables(doc: dict) -> list:
 
 
 def _kind_cell(c: dict) -> str:
-    if c["cp_over_ulysses"] is None:
-        return {"cp": "cp only", "ulysses": "Ulysses only", None: "-"}[c["winner"]]
-    text = f"{c['cp_over_ulysses']:.2f}"
-    return f"[green]{text}[/green]" if c["winner"] == "cp" else text
+    """cp / Ulysses (and "|" ring / Ulysses where the map has ring), green where not Ulysses
+    wins; "<kind> only" where only that kind fits."""
+    ratios = [c[f"{k}_over_ulysses"] for k in ("cp", "ring") if f"{k}_s" in c]
+    if all(r is None for r in ratios):
+        return {"ulysses": "Ulysses only", None: "-"}.get(c["winner"], f"{c['winner']} only")
+    text = "|".join("-" if r is None else f"{r:.2f}" for r in ratios)
+    return f"[green]{text}[/green]" if c["winner"] not in ("ulysses", None) else text
 
 
 def _kind_table(km: dict):
@@ -315,14 +318,16 @@ def _plot_sweep(ax, doc: dict, key: str) -> None:
 
 
 def _plot_kind_map(ax, km: dict) -> None:
-    """log2(cp / Ulysses) per (length, degree): blue where cp wins, red where Ulysses does,
+    """log2(cp / Ulysses) per (length, degree), the least of cp's and ring's where the map
+    has ring: blue where cp (or ring) wins, red where Ulysses does,
     each cell labelled with the ratio; grey where only one kind fits (labelled) or none."""
     import numpy as np
 
-    ratio = np.array(
-        [[np.nan if c["cp_over_ulysses"] is None else c["cp_over_ulysses"] for c in row]
-         for row in km["cells"]]
-    )  # fmt: skip
+    def best(c):  # the fastest other kind's ratio (ring's too where the map has it)
+        rs = [c[k] for k in ("cp_over_ulysses", "ring_over_ulysses") if c.get(k) is not None]
+        return min(rs) if rs else np.nan
+
+    ratio = np.array([[best(c) for c in row] for row in km["cells"]])
     lim = max(float(np.nanmax(np.abs(np.log2(ratio)))) if np.isfinite(ratio).any() else 1, 0.1)
     im = ax.imshow(np.log2(ratio), cmap="coolwarm", vmin=-lim, vmax=lim, aspect="auto")
     ax.set_facecolor("#d0d0d0")

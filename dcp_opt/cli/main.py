@@ -85,8 +85,9 @@ def _add_sp_kinds(p: argparse.ArgumentParser, *, note: str = "") -> None:
         "--sp-kinds",
         default="ulysses",
         metavar="KINDS",
-        help="SP kinds a group may take: ulysses (default) or ulysses,cp (all-gather-KV "
-        f"context parallelism, 1D models; the planners choose per group){note}",
+        help="SP kinds a group may take: ulysses (default), or ulysses with cp (all-gather-KV "
+        "context parallelism) and/or ring (ring attention), e.g. ulysses,cp,ring (1D models; "
+        f"the planners choose per group){note}",
     )
 
 
@@ -101,12 +102,14 @@ def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[
         or len(set(kinds)) < len(kinds)
     ):
         raise DcpOptError(
-            f"--sp-kinds: {args.sp_kinds!r} not allowed; allowed: 'ulysses' or 'ulysses,cp'"
+            f"--sp-kinds: {args.sp_kinds!r} not allowed; allowed: 'ulysses' with any of "
+            "'cp', 'ring' (e.g. 'ulysses,cp,ring'), each once"
         )
-    if "cp" in kinds and input_kind == "2d":
+    other = [k for k in kinds if k != "ulysses"]
+    if other and input_kind == "2d":
         raise DcpOptError(
-            "--sp-kinds: 'cp' not allowed for 2d (video) inputs; allowed: 'ulysses' (cp is "
-            "for 1D causal models)"
+            f"--sp-kinds: {other[0]!r} not allowed for 2d (video) inputs; allowed: 'ulysses' "
+            f"({other[0]} is for 1D causal models)"
         )
     return tuple(kinds)
 
@@ -277,8 +280,12 @@ def _checked_plan(args: argparse.Namespace) -> tuple[Plan, Batch, CostModel] | N
     _note(f"invalid plan: {len(violations)} violation(s)")
     for v in violations:
         print(f"  {v}", file=sys.stderr)
-    if any(v.code == "BAD_KIND" for v in violations) and "cp" not in cost.sp_kinds:
-        _note("the plan has cp groups: pass --sp-kinds ulysses,cp as when it was planned")
+    kinds = sorted({g.kind for ph in plan.phases for g in ph.groups} - set(cost.sp_kinds))
+    if any(v.code == "BAD_KIND" for v in violations) and kinds:
+        want = ",".join(k for k in ("ulysses", "cp", "ring") if k in {*cost.sp_kinds, *kinds})
+        _note(
+            f"the plan has {'/'.join(kinds)} groups: pass --sp-kinds {want} as when it was planned"
+        )
     return None
 
 

@@ -174,11 +174,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             if m is not None:
                 m.module.to("cuda")
     cache = None if args.no_cache else (args.cache or str(out) + ".points.json")
-    a2a = cp = ()
-    if args.a2a_world:  # all-to-all and cp's all-gather / reduce-scatter (profile schema 2)
+    a2a = cp = ring = ()
+    if args.a2a_world:  # all-to-all, cp's all-gather / reduce-scatter, the ring's P2P step
         from dcp_opt.runtime.profile.fit import measure_comm_local
 
-        a2a, cp = measure_comm_local(args.a2a_world)
+        a2a, cp, ring = measure_comm_local(args.a2a_world)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         prof = profile_model(
@@ -190,7 +190,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             a2a=a2a,
         )
-    prof = dataclasses.replace(prof, cp=cp)
+    prof = dataclasses.replace(prof, cp=cp, ring=ring)
     if args.calibrate_world:
         prof = _calibrate(args, prof)
     save_profile(prof, out, force=args.force)

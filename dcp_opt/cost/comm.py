@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import DcpOptError
 from . import cp as cp_cost
+from . import ring as ring_cost
 from .memory import SHARDING_MODES
 
 
@@ -42,7 +43,13 @@ class Comm:
     def comm_time_per_layer(self, tokens, d, spans_nodes, kind: str = "ulysses"):
         """All-to-all time of one layer's forward (backward pays the same again).
         Elementwise: `d` and `spans_nodes` may be arrays that broadcast with `tokens`.
-        `kind="cp"`: the K/V all-gather of context parallelism (cp_cost)."""
+        `kind="cp"`: the K/V all-gather of context parallelism (cp_cost); `kind="ring"`: the
+        forward ring's d-1 transfers before any overlap (time_parts charges what the
+        attention does not hide: ring_cost)."""
+        if kind == "ring":
+            per_byte, lat = ring_cost.step_rates(self, d, spans_nodes)
+            steps = np.asarray(d) - 1
+            return steps * (ring_cost.block_bytes(self.model, tokens, d) * per_byte + lat)
         if kind != "ulysses":
             return cp_cost.comm_time_per_layer(self, tokens, d, spans_nodes)
         c = self.cluster

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..batch import Sequence
 from . import cp as cp_cost
+from . import ring as ring_cost
 from .coeffs import TermCoeffs
 
 _PASS_SHARE = {"fwd": 1 / 3, "bwd": 2 / 3}  # CostModel.replicated_seq_s per pass
@@ -42,7 +43,7 @@ class Compute:
         self, d: int, kind: str = "ulysses"
     ) -> tuple[np.ndarray, float, np.ndarray, float]:
         """(w_fwd, c_fwd, w_bwd, c_bwd): one layer's time = features @ w + c at degree d.
-        Under `cp` the attention splits 1/d by causal head-tail chunks (cp_cost)."""
+        Under `cp` and `ring` the attention splits 1/d by causal head-tail chunks (cp_cost)."""
         key = ("lv", d) if kind == "ulysses" else ("lv", d, kind)
         return self.memoised(key, lambda: self._make_layer_vectors(d, kind))
 
@@ -90,6 +91,20 @@ class Compute:
         fwd = np.matmul(feats, wf[:, :, None])[..., 0] + cf[:, None]
         return fwd, np.matmul(feats, wb[:, :, None])[..., 0] + cb[:, None]
 
+    def attention_times(self, feats, d, kind: str = "ring") -> tuple[np.ndarray, np.ndarray]:
+        """(fwd, bwd) seconds of one layer's attention alone (the quad columns of
+        layer_times' weights: no linear, per-sequence or constant term) for rows of `feats`
+        at degree d or a column of degrees, as layer_times: what a ring step can hide its
+        transfer behind (ring_cost)."""
+        nb = len(self.model.block_types)
+        q = feats[..., :nb]
+        if np.ndim(d) == 0:
+            wf, _, wb, _ = self._layer_vectors(d, kind)
+            return q @ wf[:nb], q @ wb[:nb]
+        wf, _, wb, _ = self._layer_stack(tuple(int(x) for x in np.ravel(d)), kind)
+        fwd = np.matmul(q, wf[:, :nb, None])[..., 0]
+        return fwd, np.matmul(q, wb[:, :nb, None])[..., 0]
+
     def time_parts(
         self,
         feats,
@@ -103,7 +118,7 @@ class Compute:
         """Vectorised over rows of `feats` (n, F) -> (compute, recompute, comm), seconds.
         `d` may be a column of degrees (D, 1): each part is then (D, n), one row per degree,
         and `recompute_layers`, `spans_nodes` and `speed` broadcast against it. `kind`: the
-        SP kind of the group, "ulysses" or "cp" (cp_cost)."""
+        SP kind of the group, "ulysses", "cp" (cp_cost) or "ring" (ring_cost)."""
         if kind != "ulysses":
             cp_cost.check_kind(self.model, kind)
         feats = np.asarray(feats, dtype=float)
@@ -111,24 +126,33 @@ class Compute:
             spans_nodes = np.asarray(d) > self.cluster.gpus_per_node
         fwd, bwd = self.layer_times(feats, d, kind)
         tokens = feats[..., -2]
+        kw = {"attn": self.attention_times(feats, d)} if kind == "ring" else {}
         return self.time_parts_from(
-            fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed, kind=kind
-        )
+            fwd, bwd, tokens, d, recompute_layers, spans_nodes=spans_nodes, speed=speed,
+            kind=kind, **kw,
+        )  # fmt: skip
 
     def time_parts_from(
-        self, fwd, bwd, tokens, d, recompute_layers, *, spans_nodes, speed, kind="ulysses"
-    ):
+        self, fwd, bwd, tokens, d, recompute_layers, *, spans_nodes, speed, kind="ulysses",
+        attn=None,
+    ):  # fmt: skip
         """time_parts from one layer's (fwd, bwd) seconds (layer_times). Elementwise: every
-        argument may be an array, e.g. one degree, span and speed per micro-batch."""
+        argument may be an array, e.g. one degree, span and speed per micro-batch. `attn`:
+        under `ring`, the layer's (fwd, bwd) attention seconds (attention_times), which the
+        ring's transfers overlap (ring_cost)."""
         L = self.model.num_layers
         co = self.coeffs
         head = tokens / d * (co.head_fwd_per_token_s + co.head_bwd_per_token_s)
         compute = L * (fwd + bwd) + head + co.microbatch_overhead_s
         r = np.asarray(recompute_layers, dtype=float)
-        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
         recompute = r * fwd  # one more forward per recomputed layer (Chen et al. 2016)
         if np.ndim(speed) or speed != 1:  # x / 1.0 == x: skip two passes at full speed
             compute, recompute = compute / speed, recompute / speed
+        if kind == "ring":  # what the transfers do not hide, forward + backward + recompute
+            assert attn is not None, "time_parts_from: a ring group needs `attn`"
+            x_f, x_b = ring_cost.exposed_per_layer(self, tokens, d, spans_nodes, *attn, speed)
+            return compute, recompute, L * (x_f + x_b) + r * x_f
+        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
         comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
         if kind == "cp":  # a measured reduce-scatter: the backward at its own rate (cp_cost)
             comm = comm + cp_cost.backward_extra(self, tokens, d, spans_nodes, L, layer_comm)
@@ -152,6 +176,24 @@ class Compute:
     def time(self, feats, d, recompute_layers=0, **kw):
         c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
         return c + r + m
+
+    def additive_time(self, feats, d, recompute_layers=0, **kw):
+        """time() less what is not additive over the sequences of a packed micro-batch: a
+        ring group's exposed transfers (ring_cost), which a packed partner's attention may
+        hide. A lower bound of every micro-batch holding these features; time() itself
+        for the other kinds. Tables and bounds read it (dcp_opt/table.py)."""
+        c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
+        return c + r if kw.get("kind") == "ring" else c + r + m
+
+    def additive_time_by_degree(self, feats, degrees, recompute_layers, kind="ulysses"):
+        """additive_time of every row at every degree (D,) -> (D, n), as time_by_degree."""
+        if kind != "ring":
+            return self.time_by_degree(feats, degrees, recompute_layers, kind)
+        if self.takes_degree_vectors:
+            col = np.asarray(degrees)[:, None]
+            return self.additive_time(feats, col, recompute_layers, kind=kind)
+        rows = zip(degrees, recompute_layers, strict=True)
+        return np.stack([self.additive_time(feats, d, r, kind=kind) for d, r in rows])
 
     def microbatch_time(
         self,

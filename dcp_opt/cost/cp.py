@@ -9,7 +9,7 @@ queries can be any subset of the packed stream (the causal head-tail chunks belo
 chunk attends to its own sequence's gathered keys up to its end, causal aligned bottom-right,
 with no stream-wide mask, and the backward of an all-gather is a reduce-scatter
 (runtime/cp.py). Ring attention (Liu et al. 2023) overlaps its K/V steps with blockwise
-attention but needs per-block causal bookkeeping; it is not modelled.
+attention at the price of per-block causal bookkeeping: the third kind, dcp_opt/cost/ring.py.
 
 Layout and balance (causal). A packed micro-batch of T tokens on a degree-d group: each
 sequence is cut into 2d chunks and rank i holds chunks i and 2d-1-i (head-tail / zigzag,
@@ -59,7 +59,7 @@ import numpy as np
 
 from ..errors import DcpOptError
 
-SP_KINDS = ("ulysses", "cp")
+SP_KINDS = ("ulysses", "cp", "ring")
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,13 @@ def check_measurements(items) -> tuple[CPMeasurement, ...]:
 
 
 def check_kind(model, kind: str) -> None:
-    """A one-line error for a kind that is not one of SP_KINDS, or cp on a 2D model."""
+    """A one-line error for a kind that is not one of SP_KINDS, or cp / ring on a 2D model."""
     if kind not in SP_KINDS:
         raise DcpOptError(f"sp kind: {kind!r} not allowed; allowed: {list(SP_KINDS)}")
-    if kind == "cp" and model.kind != "1d":
+    if kind != "ulysses" and model.kind != "1d":
         raise DcpOptError(
-            f"sp kind: 'cp' not allowed for the {model.kind} model {model.name!r}; "
-            "allowed: 'ulysses' (cp is for 1D causal models)"
+            f"sp kind: {kind!r} not allowed for the {model.kind} model {model.name!r}; "
+            f"allowed: 'ulysses' ({kind} is for 1D causal models)"
         )
 
 
@@ -138,7 +138,7 @@ def comm_time_per_layer(cost, tokens, d, spans_nodes, collective: str = "all_gat
     # Thakur et al. 2005: a ring all-gather moves (d-1)/d of the gathered buffer per rank
     sent = kv_bytes_per_token(cost.model) * tokens * (d - 1) / np.maximum(d, 1)
     if c.topology is not None:
-        per_byte, lat = _topology_rates(c, d, spans_nodes)
+        per_byte, lat = ring_rates(c, d, spans_nodes)
         return sent * per_byte + lat * (d - 1)
     spans = np.asarray(spans_nodes) & (d > 1)
     bw = np.where(spans, c.inter_node_bw, c.intra_node_bw)
@@ -173,8 +173,9 @@ def backward_extra(cost, tokens, d, spans_nodes, L, forward):
     return L * (comm_time_per_layer(cost, tokens, d, spans_nodes, "reduce_scatter") - forward)
 
 
-def _topology_rates(cluster, d, placement):
-    """(seconds per byte of the ring's bottleneck link, latency per step), elementwise."""
+def ring_rates(cluster, d, placement):
+    """(seconds per byte of the ring's bottleneck link, latency per step) on the cluster's
+    topology, elementwise (cp's all-gather and ring.py's P2P steps)."""
     from ..topology.comm import group_comm, group_ring
 
     topo = cluster.topology

@@ -10,6 +10,7 @@ from ..batch import Batch
 from ..cluster import GB
 from ..errors import InfeasibleError
 from . import cp as cp_cost
+from . import ring as ring_cost
 
 SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
 
@@ -34,12 +35,20 @@ class Memory:
 
     def _act_bytes(self, d, kind: str):
         """Saved bytes per local token per layer: the coefficient, plus under cp the
-        gathered K/V of the other members (cp_cost.extra_act_bytes)."""
+        gathered K/V of the other members (cp_cost.extra_act_bytes); ring keeps Ulysses'."""
         act = self.coeffs.act_bytes_per_token_layer
         if kind == "ulysses":
             return act
         cp_cost.check_kind(self.model, kind)
+        if kind == "ring":
+            return act
         return act + cp_cost.extra_act_bytes(self.model, d)
+
+    def _head_bytes(self, d, kind: str):
+        """Bytes per local token held once (not per layer): the head's, plus under ring the
+        working layer's ring buffers (ring_cost.buffer_bytes)."""
+        head = self.coeffs.head_bytes_per_token
+        return head + ring_cost.buffer_bytes(self.model, d) if kind == "ring" else head
 
     def memory(self, tokens, d, recompute_layers=0, kind="ulysses"):
         """Peak bytes on each member of a degree-d group (elementwise over tokens, d, r)."""
@@ -47,7 +56,7 @@ class Memory:
         r = np.asarray(recompute_layers, dtype=float)
         act = self._act_bytes(d, kind)
         per_token = (
-            (L - r) * act + r * co.ckpt_bytes_per_token_layer + act + co.head_bytes_per_token
+            (L - r) * act + r * co.ckpt_bytes_per_token_layer + act + self._head_bytes(d, kind)
         )
         return self.fixed_bytes() + np.asarray(tokens, dtype=float) / d * per_token
 
@@ -62,7 +71,7 @@ class Memory:
         t = np.asarray(tokens, dtype=float) / d
         room = cap - self.fixed_bytes()
         act = self._act_bytes(d, kind)
-        base = t * ((L + 1) * act + co.head_bytes_per_token)
+        base = t * ((L + 1) * act + self._head_bytes(d, kind))
         saved_per_layer = t * (act - co.ckpt_bytes_per_token_layer)
         with np.errstate(divide="ignore", invalid="ignore"):
             need = np.ceil((base - room) / np.maximum(saved_per_layer, 1e-30) - 1e-9)
@@ -74,9 +83,10 @@ class Memory:
         micro-batch). A kind this cost model does not offer is priced as Ulysses: validate()
         reports such a group as BAD_KIND, and its memory is not the question then."""
         need = self.memory(tokens, d, recompute_layers)
-        cp = np.asarray(kinds) == "cp"
-        if cp.any() and "cp" in self.sp_kinds:
-            need = np.where(cp, self.memory(tokens, d, recompute_layers, "cp"), need)
+        for k in self.sp_kinds[1:]:  # cp, ring: where offered
+            mine = np.asarray(kinds) == k
+            if mine.any():
+                need = np.where(mine, self.memory(tokens, d, recompute_layers, k), need)
         return need
 
     def model_state_parts(self) -> dict[str, float]:

@@ -17,6 +17,7 @@ from ..cluster import Cluster
 from ..errors import DcpOptError
 from ..model import ModelSpec
 from . import cp as cp_cost
+from . import ring as ring_cost
 from .coeffs import CostCoefficients, flops_coefficients
 from .comm import Comm, runtime_reduce_bytes
 from .compute import Compute
@@ -74,12 +75,16 @@ class CostModel(Features, Compute, Comm, Memory):
     replicated_seq_s: float = 0.0
     step_overhead_s: float = 0.0
     # The SP kinds a planner may give a group (cp_cost.SP_KINDS; Ulysses always): with "cp"
-    # the per-degree tables (table.py) and bounds take the least over the kinds, and greedy
-    # and cpsat choose each group's kind. Every figure of a given kind is the same either way.
+    # or "ring" the per-degree tables (table.py) and bounds take the least over the kinds,
+    # and greedy and cpsat choose each group's kind. Every figure of a given kind is the same
+    # either way.
     sp_kinds: tuple[str, ...] = ("ulysses",)
     # cp's collectives as a profile measured them (cp_cost.CPMeasurement per group size;
     # empty: the cluster's rates). Used by cp groups inside a node (cp_cost, Measured rates).
     cp_comm: tuple = ()
+    # the ring's P2P step as a profile measured it (ring_cost.RingMeasurement per group size;
+    # empty: the cluster's rates). Used by ring groups inside a node (dcp_opt/cost/ring.py).
+    ring_comm: tuple = ()
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
     # Whether grad_reduce_bytes_per_param was left to the mode (set in __post_init__)
     _reduce_follows_mode: bool = field(default=False, init=False, compare=False, repr=False)
@@ -100,6 +105,7 @@ class CostModel(Features, Compute, Comm, Memory):
         self._check_knobs()
         self._check_sp_kinds()
         object.__setattr__(self, "cp_comm", cp_cost.check_measurements(self.cp_comm))
+        object.__setattr__(self, "ring_comm", ring_cost.check_measurements(self.ring_comm))
         missing = set(self.model.block_types) - set(self.coeffs.blocks)
         if missing:
             raise DcpOptError(
@@ -158,8 +164,8 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"sp_kinds: {kinds!r} not allowed; allowed: distinct entries of "
                 f"{list(cp_cost.SP_KINDS)}, 'ulysses' included"
             )
-        if "cp" in kinds:
-            cp_cost.check_kind(self.model, "cp")
+        for k in kinds:
+            cp_cost.check_kind(self.model, k)  # cp and ring: 1D models only
         object.__setattr__(self, "sp_kinds", tuple(k for k in cp_cost.SP_KINDS if k in kinds))
 
     def with_(self, **changes) -> CostModel:
@@ -216,6 +222,8 @@ class CostModel(Features, Compute, Comm, Memory):
             payload["sp_kinds"] = list(self.sp_kinds)
         if self.cp_comm:
             payload["cp_comm"] = [list(astuple(m)) for m in self.cp_comm]
+        if self.ring_comm:
+            payload["ring_comm"] = [list(astuple(m)) for m in self.ring_comm]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

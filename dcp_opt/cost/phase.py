@@ -53,18 +53,29 @@ def phase_costs(cost, groups, batch: Batch) -> PhaseCosts:
     if not cost.takes_degree_vectors:  # a subclass reprices time per degree: call per kind
         return PhaseCosts(*_parts_per_kind(kinds, kind_mb, f, rec, cost), cuts)
     fwd, bwd = np.empty(len(mbs)), np.empty(len(mbs))
+    # ring groups: their attention seconds, which the ring's transfers overlap (ring_cost)
+    attn = np.zeros((2, len(mbs))) if any(k[3] == "ring" for k in kinds) else None
     for (d, _, _, sp), kid in kinds.items():
         sel = np.flatnonzero(kind_mb == kid) if len(kinds) > 1 else slice(None)
         fwd[sel], bwd[sel] = cost.layer_times(f[sel], d, **_kw(sp))
+        if sp == "ring":
+            attn[0, sel], attn[1, sel] = cost.attention_times(f[sel], d)
     d, spans, speed, sp = (_per_mb(col, kind_mb) for col in zip(*kinds, strict=True))
     tokens = f[:, -2]
-    if not isinstance(sp, str):  # groups of both SP kinds in the phase: one call per kind
+    if not isinstance(sp, str):  # groups of several SP kinds in the phase: one call per kind
         return PhaseCosts(
-            *_parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost), cuts
+            *_parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost, attn), cuts
         )
     kw = _kw(sp)
-    c, r, m = cost.time_parts_from(fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed, **kw)
+    c, r, m = cost.time_parts_from(
+        fwd, bwd, tokens, d, rec, spans_nodes=spans, speed=speed, **kw, **_attn(sp, attn)
+    )
     return PhaseCosts(c, r, m, cost.memory(tokens, d, rec, **kw), cuts)
+
+
+def _attn(sp: str, attn, sel=slice(None)) -> dict:
+    """time_parts_from's `attn` argument: a ring group's attention seconds, else none."""
+    return {"attn": (attn[0, sel], attn[1, sel])} if sp == "ring" else {}
 
 
 def _kw(sp: str) -> dict:
@@ -72,15 +83,16 @@ def _kw(sp: str) -> dict:
     return {} if sp == "ulysses" else {"kind": sp}
 
 
-def _parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost):
+def _parts_per_sp_kind(fwd, bwd, tokens, d, rec, spans, speed, sp, cost, attn):
     """time_parts_from and memory of a phase whose groups mix SP kinds, one call per kind."""
     parts = np.empty((4, len(tokens)))
     for k in set(sp.tolist()):
         sel = np.flatnonzero(sp == k)
         d_, sp_, sd_ = (x[sel] if np.ndim(x) else x for x in (d, spans, speed))
         c, r, m = cost.time_parts_from(
-            fwd[sel], bwd[sel], tokens[sel], d_, rec[sel], spans_nodes=sp_, speed=sd_, kind=k
-        )
+            fwd[sel], bwd[sel], tokens[sel], d_, rec[sel], spans_nodes=sp_, speed=sd_, kind=k,
+            **_attn(k, attn, sel),
+        )  # fmt: skip
         parts[0, sel], parts[1, sel], parts[2, sel] = c, r, m
         parts[3, sel] = cost.memory(tokens[sel], d_, rec[sel], k)
     return parts[0], parts[1], parts[2], parts[3]

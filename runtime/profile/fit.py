@@ -8,7 +8,7 @@ block's input. The head's per-token time and constant give `head_*_per_token_s` 
 `microbatch_overhead_s`. The all-to-all volume per token per layer is analytic (cost.py,
 DeepSpeed-Ulysses eq. 1 / DSP sec. 3); its bandwidth is measured where a process group exists,
 and so are cp's all-gather and reduce-scatter (measure_cp_collectives; dcp_opt/cost/cp.py,
-Measured rates).
+Measured rates) and the ring's P2P step (measure_ring_steps; dcp_opt/cost/ring.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from scipy.optimize import nnls
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import BlockCoeffs, CostCoefficients, flops_coefficients
 from dcp_opt.cost.cp import CPMeasurement
+from dcp_opt.cost.ring import RingMeasurement
 from dcp_opt.fit import fit_block_time, fit_nonneg, fit_per_token
 from dcp_opt.profile_io import A2AMeasurement, RuntimeCalibration, utc_now
 
@@ -214,6 +215,29 @@ def measure_cp_collectives(
     )  # fmt: skip
 
 
+def measure_ring_steps(
+    group=None, *, sizes_bytes=(1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24), repeats: int = 7
+) -> RingMeasurement:
+    """RingMeasurement of `group` (default: the world): the runtime's own ring step
+    (runtime/ring.py `exchange`: one block to the next member, one from the previous, one
+    batch_isend_irecv, waited), fitted as time = latency + block bytes / bw
+    (dcp_opt/cost/ring.py). `sizes_bytes`: block sizes. Every rank calls it."""
+    import torch.distributed as dist
+
+    from ..ring import exchange_step
+    from ..sp import SPGroup
+
+    d, dev = dist.get_world_size(group), _device()
+    sp = SPGroup(group, d, dist.get_rank(group))
+    xs, ys = [], []
+    for nbytes in sizes_bytes:
+        n = max(1, nbytes // 4)  # float32 elements of one block
+        send, recv = torch.ones(n, device=dev), torch.empty(n, device=dev)
+        ys.append(_timed(partial(exchange_step, send, recv, sp), group, repeats))
+        xs.append([1.0, n * 4.0])
+    return RingMeasurement(d, *_fit_rates(xs, ys, f"ring.step[{d}]", group))
+
+
 def _a2a_worker(rank: int, world: int, port: int, sizes, queue, with_cp: bool, nbytes) -> None:
     import torch.distributed as dist
 
@@ -222,7 +246,7 @@ def _a2a_worker(rank: int, world: int, port: int, sizes, queue, with_cp: bool, n
     )
     try:
         torch.set_num_threads(1)
-        a2a, cp = [], []
+        a2a, cp, ring = [], [], []
         for d in sizes:
             group = dist.new_group(list(range(d)))  # every rank creates every group
             if rank < d:
@@ -230,8 +254,9 @@ def _a2a_worker(rank: int, world: int, port: int, sizes, queue, with_cp: bool, n
                 a2a.append(measure_all_to_all(group, **kw))
                 if with_cp:
                     cp.append(measure_cp_collectives(group, **kw))
+                    ring.append(measure_ring_steps(group, **kw))
         if rank == 0:
-            queue.put((a2a, cp))
+            queue.put((a2a, cp, ring))
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -239,17 +264,18 @@ def _a2a_worker(rank: int, world: int, port: int, sizes, queue, with_cp: bool, n
 
 def measure_comm_local(
     world: int, *, timeout_s: float = 120.0, cp: bool = True, sizes_bytes=None
-) -> tuple[tuple[A2AMeasurement, ...], tuple[CPMeasurement, ...]]:
+) -> tuple[tuple[A2AMeasurement, ...], tuple[CPMeasurement, ...], tuple[RingMeasurement, ...]]:
     """Spawn `world` gloo processes on this host; all-to-all and (with `cp`) cp's all-gather
-    and reduce-scatter of every group size 2, 4, ... and `world` (the degrees the runtime
-    runs on this host). Returns (a2a, cp) measurements, both empty below world 2.
+    and reduce-scatter and the ring's P2P step of every group size 2, 4, ... and `world`
+    (the degrees the runtime runs on this host). Returns (a2a, cp, ring) measurements, all
+    empty below world 2.
     `sizes_bytes`: the buffer sizes to time (default: the measure_* functions')."""
     import socket
 
     import torch.multiprocessing as mp
 
     if world < 2:
-        return (), ()
+        return (), (), ()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -263,8 +289,8 @@ def measure_comm_local(
     for p in procs:
         p.start()
     try:
-        a2a, cps = _result(queue, procs, timeout_s)
-        return tuple(a2a), tuple(cps)
+        a2a, cps, rings = _result(queue, procs, timeout_s)
+        return tuple(a2a), tuple(cps), tuple(rings)
     finally:
         for p in procs:
             p.join(timeout=10)

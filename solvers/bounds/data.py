@@ -44,8 +44,9 @@ def _make_data(batch: Batch, cost: CostModel) -> BoundData:
     # Several SP kinds (cost.sp_kinds): the table holds the least time over them, and each
     # term below is the least over the kinds, so the bound holds for plans of any kind.
     kws = [{} if k == "ulysses" else {"kind": k} for k in cost.sp_kinds]
+    # (additive_time: a ring group's exposed transfers, which packing may hide, left out)
     const = np.array(
-        [min(float(cost.time(zero, int(d), 0, **kw)) for kw in kws) for d in tab.degrees]
+        [min(float(cost.additive_time(zero, int(d), 0, **kw)) for kw in kws) for d in tab.degrees]
     )
     cap = np.array([max(cost.capacity(s, int(d)) for s in c.placements(int(d))) for d in deg])
     shares = np.min([_shares(cost, tab, cap, **kw) for kw in kws], axis=0)
@@ -68,7 +69,8 @@ def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     recompute level r (r >= its own r_min, else it does not fit) a micro-batch holds at most
     K_d(r) tokens, so the sequence carries at least tok / K_d(r) of the empty micro-batch's
     time E_d(r), and (r - r_min) more recomputed layers of its own, rec each; the least over
-    r. Every figure is the cost model's own (time_by_degree, memory), so subclasses hold too.
+    r. Every figure is the cost model's own (additive_time_by_degree: time_by_degree but for
+    a ring group's exposed transfers; memory), so subclasses hold too.
     Time is affine in the features (table.py), so rec = features @ (the increment of one
     more recomputed layer per unit feature): one cost call per feature, not per sequence.
     `kind`: the SP kind's times (empty micro-batch, recompute) and its own r_min (a member
@@ -82,7 +84,7 @@ def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     deg = np.asarray(degrees, dtype=float)
     nd, nf = len(degrees), cost.num_features
     levels = np.arange(L + 1)
-    empty = cost.time_by_degree(
+    empty = cost.additive_time_by_degree(
         np.zeros((L + 1, nf)), degrees, np.broadcast_to(levels, (nd, L + 1)), **kind
     )
     per_tok = np.array([float(cost.memory(1.0, 1, r)) for r in levels]) - cost.fixed_bytes()
@@ -97,7 +99,9 @@ def _shares(cost: CostModel, tab, cap: np.ndarray, **kind) -> np.ndarray:
     if L == 0:
         return np.where(ok, at_r0, np.inf)
     eye = np.eye(nf)
-    step = [cost.time_by_degree(eye, degrees, np.full((nd, nf), r), **kind) for r in (0, 1)]
+    step = [
+        cost.additive_time_by_degree(eye, degrees, np.full((nd, nf), r), **kind) for r in (0, 1)
+    ]
     g = (step[1] - empty[:, 1:2]) - (step[0] - empty[:, 0:1])  # (D, F) per unit feature
     rec = np.maximum(tab.feats @ g.T, 0.0)  # (n, D) one more recomputed layer of it
     slopes = (empty[:, -1] - empty[:, 0]) * (per_tok[-1] - per_tok[0])

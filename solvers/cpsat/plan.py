@@ -217,7 +217,7 @@ def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
     if incumbents:
         with clock.stage("incumbents"):
             result = _best_of(result, incumbents, batch, cost)
-    if "cp" in cost.sp_kinds:  # kinds per group, never slower than greedy (solvers/kinds.py)
+    if len(cost.sp_kinds) > 1:  # kinds per group, never slower than greedy (solvers/kinds.py)
         with clock.stage("kinds"):
             greedy = plan_greedy(batch, cost)
             greedy = replace(greedy, planner="cpsat")  # finish() names the plan after it

@@ -1,5 +1,6 @@
 """`plan_greedy`: the best greedy draft that fits (the package docstring), then the
-topology-blind and the tree candidates, and the SP kind of each group where cp is offered."""
+topology-blind and the tree candidates, and the SP kind of each group where cp or ring is
+offered."""
 
 from __future__ import annotations
 
@@ -53,9 +54,9 @@ def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> Plan
         )
         res = _blind_candidate(res, batch, cost, started)
         res = tree_candidate(res, batch, cost, started)  # few distinct sequences: exact
-        if "cp" not in cost.sp_kinds:
+        if len(cost.sp_kinds) == 1:
             return res
-        # cp allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
+        # cp or ring allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
         # faster kept (solvers/kinds.py: never slower than Ulysses-only greedy)
         alone = cost.with_(sp_kinds=("ulysses",))
         u_phases, u_how = _first_fit(batch, alone)
