@@ -17,10 +17,11 @@ from ..cluster import Cluster
 from ..errors import DcpOptError
 from ..model import ModelSpec
 from . import cp as cp_cost
-from .coeffs import CostCoefficients, flops_coefficients
+from .coeffs import CostCoefficients, check_coefficients, flops_coefficients
 from .comm import Comm, runtime_reduce_bytes
 from .compute import Compute
 from .features import Features
+from .finite import check_cost_scale
 from .memo import MemoCache
 from .memory import SHARDING_MODES, Memory
 from .phase import PhaseCosts, phase_costs
@@ -87,6 +88,14 @@ class CostModel(Features, Compute, Comm, Memory):
     def __post_init__(self) -> None:
         if self.coeffs is None:
             object.__setattr__(self, "coeffs", flops_coefficients(self.model, self.cluster))
+            try:  # derived: what is wrong is the cluster's peak (or the model's size)
+                check_coefficients(self.coeffs)
+            except DcpOptError as e:
+                raise DcpOptError(
+                    f"cluster.peak_flops: {self.cluster.peak_flops!r} FLOP/s gives FLOP-derived "
+                    f"coefficients no float64 holds ({e})"
+                ) from None
+        check_coefficients(self.coeffs)
         if self.optimizer_sharding not in SHARDING_MODES:
             raise DcpOptError(
                 f"optimizer_sharding: {self.optimizer_sharding!r} not allowed; "
@@ -106,6 +115,7 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"cost coefficients: no entry for block types {sorted(missing)} "
                 f"of model {self.model.name!r}"
             )
+        check_cost_scale(self)  # every product of finite inputs finite (cost/finite.py)
 
     def _resolve_reduce_bytes(self) -> None:
         """grad_reduce_bytes_per_param: None follows the mode; a number is checked."""
