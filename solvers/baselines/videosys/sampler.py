@@ -77,6 +77,16 @@ class Pool:
     def any_left(self) -> bool:
         return any(self.left)
 
+    def num_left(self) -> int:
+        return sum(self.left)
+
+    def check_progress(self, before: int, where: str) -> None:
+        """A step loop's exit: every step takes (or drops) a sample at least, so a loop over
+        `while any_left()` runs at most num_left() steps. A step that took none would repeat
+        for ever: an internal error instead."""
+        if self.num_left() >= before:
+            raise RuntimeError(f"{where}: a step took no sample ({before} left); a bug")
+
     def by_sp(self) -> dict[int, list[int]]:
         """Profiled sp -> buckets (in bucket order) that still have samples."""
         out: dict[int, list[int]] = {}
