@@ -13,6 +13,7 @@ from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
 from dcp_opt.build import make_plan
 from dcp_opt.cost import CostModel
+from dcp_opt.cost.finite import check_step_finite
 from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Group
 from dcp_opt.result import PlanResult
@@ -97,6 +98,7 @@ def finish(
     sim = simulate(plan, batch, cost, events=False)  # totals only: no timeline
     plan = replace(plan, predicted_step_time_s=sim.step_time_s, meta={"imbalance": sim.imbalance})
     bound = lower_bound(batch, cost)
+    check_step_finite(cost, planner, sim.step_time_s, bound.value_s)  # never an inf step
     return PlanResult(
         status,
         plan,

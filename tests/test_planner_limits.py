@@ -228,3 +228,34 @@ def test_a_batch_above_the_cap_is_refused_with_how_to_split_it(monkeypatch):
 
 def test_the_cap_is_a_million_sequences():
     assert solvers_common.MAX_SEQUENCES == 1_000_000
+
+
+def _zero_time_cost(overhead_s: float) -> CostModel:
+    base = CostModel(MODEL, cluster_preset("h200x8").with_(intra_node_latency_s=0.0))
+    zero = TermCoeffs()
+    coeffs = replace(
+        base.coeffs,
+        blocks={"layer": replace(base.coeffs.blocks["layer"], fwd=zero, bwd=zero)},
+        head_fwd_per_token_s=0.0,
+        head_bwd_per_token_s=0.0,
+        microbatch_overhead_s=overhead_s,
+    )
+    return CostModel(MODEL, base.cluster, coeffs, grad_reduce_bytes_per_param=0.0)
+
+
+@pytest.mark.timeout(20)
+def test_all_zero_time_coefficients_are_refused():
+    # The old code divided by a 0 s step: ZeroDivisionError in greedy, cpsat and the
+    # VideoSys methods (a traceback: the CLI's "all-zero profile coefficients").
+    with pytest.raises(DcpOptError, match="every time coefficient is 0"):
+        _zero_time_cost(0.0)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("planner", ["greedy", "bucket", "dcp_inter", "verl_balanced"])
+def test_times_that_overflow_when_added_are_refused_naming_the_figure(planner):
+    # 1e308 s per micro-batch is finite; two on one rank are not: a DcpOptError naming the
+    # figure, not an inf step time (nor dcp_inter's int(inf) OverflowError).
+    with pytest.raises(DcpOptError, match=r"overflows float64.*1e\+308"):
+        run_planner(planner, BATCH, _zero_time_cost(1e308))
+    assert run_planner(planner, BATCH, _zero_time_cost(1e-300)).ok  # tiny is fine

@@ -100,6 +100,15 @@ def check_coefficients(coeffs, where: str = "cost coefficients") -> None:
                 f"{field_name}: must be > 0 (the cost model divides capacity by the bytes a "
                 f"token holds), got {v!r}"
             )
+    seconds = [getattr(getattr(b, part), t) for b in coeffs.blocks.values()
+               for part in ("fwd", "bwd") for t in _TERMS]  # fmt: skip
+    seconds += [coeffs.head_fwd_per_token_s, coeffs.head_bwd_per_token_s]
+    if not any(v > 0 for v in [*seconds, coeffs.microbatch_overhead_s]):
+        raise DcpOptError(
+            f"{where}: every time coefficient is 0, so every micro-batch would take 0 s (the "
+            "planners divide by step times); at least one (e.g. microbatch_overhead_s) must "
+            "be > 0"
+        )
     if not isinstance(coeffs.source, str):
         raise DcpOptError(f"{where}.source: must be a string, got {coeffs.source!r}")
 

@@ -106,3 +106,32 @@ def _error(cost, what: str, part: str) -> DcpOptError:
         f"cost model: {what} overflows float64 (inf) from {', '.join(fields)}; "
         "give figures a real cluster and model have"
     )
+
+
+def check_step_finite(cost, planner: str, step_s: float, bound_s: float) -> None:
+    """A plan's step time and bound are finite: each micro-batch's time is (the checks
+    above), their sum on a rank need not be. Refused naming the largest time figures."""
+    if np.isfinite(step_s) and np.isfinite(bound_s):
+        return
+    co, c = cost.coeffs, cost.cluster
+    figures = {
+        "cost coefficients.microbatch_overhead_s": co.microbatch_overhead_s,
+        "cost coefficients.head_fwd_per_token_s": co.head_fwd_per_token_s,
+        "cost coefficients.head_bwd_per_token_s": co.head_bwd_per_token_s,
+        "cluster.intra_node_latency_s": c.intra_node_latency_s,
+        "cluster.inter_node_latency_s": c.inter_node_latency_s,
+        "step_overhead_s": cost.step_overhead_s,
+    }
+    for name, block in co.blocks.items():
+        for part in ("fwd", "bwd"):
+            for term in ("quad", "lin", "seq", "const"):
+                figures[f"cost coefficients.blocks.{name}.{part}.{term}"] = getattr(
+                    getattr(block, part), term
+                )
+    top = sorted(figures.items(), key=lambda kv: -kv[1])[:2]
+    named = ", ".join(f"{k}={v!r}" for k, v in top)
+    raise DcpOptError(
+        f"{planner}: the step time overflows float64 (plan {step_s}, bound {bound_s} s) "
+        f"adding up micro-batches; the largest time figures: {named}; give figures a real "
+        "cluster and model have"
+    )
