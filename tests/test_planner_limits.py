@@ -164,6 +164,18 @@ def test_knobs_keep_their_checks():
         CostModel(MODEL, cluster_preset("h200x8"), step_overhead_s=-1.0)
     with pytest.raises(DcpOptError, match="grad_reduce_bytes_per_param"):
         CostModel(MODEL, cluster_preset("h200x8"), grad_reduce_bytes_per_param=float("nan"))
+    for name, value in (("usable_memory_fraction", "0.9"), ("step_overhead_s", True)):
+        with pytest.raises(DcpOptError, match=name):  # no TypeError, no bool as 1
+            CostModel(MODEL, cluster_preset("h200x8"), **{name: value})
+
+
+def test_the_checker_raises_the_callers_error_class():
+    class ProfileLikeError(DcpOptError):
+        pass
+
+    bad = _coeffs(reserved_bytes=-1.0)
+    with pytest.raises(ProfileLikeError, match=r"profile\.coefficients\.reserved_bytes"):
+        check_coefficients(bad, "profile.coefficients", ProfileLikeError)
 
 
 # ---- planner options -------------------------------------------------------------------------

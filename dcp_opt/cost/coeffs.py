@@ -65,13 +65,25 @@ _TERMS = ("quad", "lin", "seq", "const")
 _POSITIVE = ("act_bytes_per_token_layer",)
 
 
-def check_coefficients(coeffs, where: str = "cost coefficients") -> None:
+def check_coefficients(
+    coeffs, where: str = "cost coefficients", error: type[DcpOptError] = DcpOptError
+) -> None:
     """Refuse coefficients the cost model cannot price with, naming the field: every time
     (seconds per unit) and every byte count finite and >= 0, the activation bytes > 0 (the
-    cost model divides by them), the all-to-all calls an integer >= 0 (no bool), the blocks a
-    dict of BlockCoeffs. The profile loader's rule (dcp_opt/profile_io.py) for a
+    cost model divides by them), one time coefficient > 0 (planners divide by step times),
+    the all-to-all calls an integer >= 0 (no bool), the blocks a dict of BlockCoeffs. The profile loader's rule (dcp_opt/profile_io.py) for a
     CostCoefficients built in Python: a negative coefficient would plan to a negative step
-    time, a nan or inf to nan everywhere."""
+    time, a nan or inf to nan everywhere. `error`: the class raised (the profile loader's
+    ProfileError, say), a DcpOptError by default."""
+    try:
+        _check(coeffs, where)
+    except DcpOptError as e:
+        if error is DcpOptError:
+            raise
+        raise error(str(e)) from None
+
+
+def _check(coeffs, where: str) -> None:
     if not isinstance(coeffs, CostCoefficients):
         raise DcpOptError(f"{where}: must be a CostCoefficients, got {type(coeffs).__name__}")
     if not isinstance(coeffs.blocks, dict) or not coeffs.blocks:

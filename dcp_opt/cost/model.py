@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from ..batch import Batch
 from ..cluster import Cluster
-from ..errors import DcpOptError
+from ..errors import DcpOptError, is_real
 from ..model import ModelSpec
 from . import cp as cp_cost
 from .coeffs import CostCoefficients, check_coefficients, flops_coefficients
@@ -101,7 +101,7 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"optimizer_sharding: {self.optimizer_sharding!r} not allowed; "
                 f"allowed: {list(SHARDING_MODES)}"
             )
-        if not 0 < self.usable_memory_fraction <= 1:
+        if not (is_real(self.usable_memory_fraction) and 0 < self.usable_memory_fraction <= 1):
             raise DcpOptError(
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
@@ -123,7 +123,7 @@ class CostModel(Features, Compute, Comm, Memory):
         follows = v is None
         if follows:
             v = runtime_reduce_bytes(self.optimizer_sharding)
-        elif isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)) or v < 0:
+        elif not is_real(v) or v < 0:
             raise DcpOptError(
                 f"grad_reduce_bytes_per_param: must be a finite number >= 0 or None (the "
                 f"runtime's collectives of optimizer_sharding), got {v!r}"
@@ -137,7 +137,7 @@ class CostModel(Features, Compute, Comm, Memory):
             v = getattr(self, name)
             if name == "closing_step_s" and v is None:
                 continue
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if not (is_real(v) and v >= 0):  # no bool, no nan
                 raise DcpOptError(f"{name}: must be a finite number >= 0, got {v!r}")
         try:
             pairs = tuple((int(d), float(x)) for d, x in self.sp_compute_overhead)
