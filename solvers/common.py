@@ -22,8 +22,9 @@ from dcp_opt.validate import InvalidPlanError, validate
 
 # The most sequences one planner call takes. Planning holds per-sequence tables at every
 # degree (numpy and Python lists) for the whole batch at once, so its peak memory grows
-# linearly: greedy on h200x1024 (llama-7b) peaks at 1.05 GB RSS for 1,000,000 sequences (34 s
-# on the 2-core box) and 6.9 GB for 5,000,000 (2 min 11 s). Above the cap a batch is refused
+# linearly: greedy on h200x1024 (llama-7b) peaks at 1.07 GB RSS for 1,000,000 sequences (15-34 s
+# on the shared 2-core box; the batch itself 0.32 GB) and 4.8 GB for 5,000,000 (330 s; the
+# issue's run: 6.9 GB, 2 min 11 s). Above the cap a batch is refused
 # with how to split it: one call plans one optimizer step, and a step of more sequences is
 # several steps' worth (solvers/stream/step_former.py forms steps from a stream).
 MAX_SEQUENCES = 1_000_000
@@ -37,7 +38,7 @@ def check_batch_size(batch: Batch, *, where: str = "planner") -> None:
         raise DcpOptError(
             f"{where}: batch of {n} sequences is more than the {MAX_SEQUENCES} one plan takes "
             f"(planning memory grows ~1 KB per sequence: ~1 GB at the cap); split it into "
-            f"{parts} batches of at most {MAX_SEQUENCES} sequences (e.g. Batch(sequences[k::"
+            f"{parts} batches of at most {MAX_SEQUENCES} sequences (e.g. Batch(batch.sequences[k::"
             f"{parts}]) for k in range({parts})) and plan each as its own step"
         )
 
