@@ -18,6 +18,7 @@ import numpy as np
 
 from .batch import Batch
 from .cost import CostModel
+from .cost.finite import check_sync_finite
 from .table import seq_table
 
 
@@ -45,4 +46,5 @@ def _lower_bound(batch: Batch, cost: CostModel) -> LowerBound:
     work_s = float(work / w.sum() + cost.coeffs.microbatch_overhead_s / w.max())
     longest_s = float(np.min(tab.time, axis=1).max() / w.max())
     sync = cost.grad_sync_time()
+    check_sync_finite(cost, sync)  # every planner's finish asks: never an inf step
     return LowerBound(max(work_s, longest_s) + sync, work_s + sync, longest_s + sync, sync)

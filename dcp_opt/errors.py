@@ -53,11 +53,20 @@ def require(cond: bool, field: str, message: str) -> None:
         raise DcpOptError(f"{field}: {message}")
 
 
+# The largest seed and worker count a planner takes: CP-SAT's `random_seed` and
+# `num_workers` are 32-bit fields (OR-Tools raises a TypeError above 2**31 - 1), and every
+# planner takes the same range so that a seed means the same thing to each. Workers are
+# threads: more than MAX_WORKERS is a typo, not a machine.
+MAX_SEED = 2**31 - 1
+MAX_WORKERS = 1024
+
+
 def check_planner_options(
     *, time_limit_s=None, seed=None, num_workers=None, where: str = "planner"
 ) -> None:
     """The options every searching planner takes, checked once for the API and the CLI
-    (None: not given): a finite budget > 0 s, a seed >= 0, at least one worker thread."""
+    (None: not given): a finite budget > 0 s, a seed in 0..MAX_SEED, 1..MAX_WORKERS worker
+    threads."""
     if time_limit_s is not None:
         require(
             is_real(time_limit_s) and time_limit_s > 0,
@@ -66,14 +75,34 @@ def check_planner_options(
         )
     if seed is not None:
         require(
-            is_int(seed) and seed >= 0, f"{where}.seed", f"must be an integer >= 0, got {seed!r}"
+            is_int(seed) and seed >= 0,
+            f"{where}.seed",
+            f"must be an integer >= 0, got {_short(seed)}",
+        )
+        require(
+            seed <= MAX_SEED,
+            f"{where}.seed",
+            f"must be at most {MAX_SEED} (2**31 - 1: CP-SAT's seed is 32-bit), got {_short(seed)}",
         )
     if num_workers is not None:
         require(
             is_int(num_workers) and num_workers >= 1,
             f"{where}.num_workers",
-            f"must be an integer >= 1, got {num_workers!r}",
+            f"must be an integer >= 1, got {_short(num_workers)}",
         )
+        require(
+            num_workers <= MAX_WORKERS,
+            f"{where}.num_workers",
+            f"must be at most {MAX_WORKERS} threads, got {_short(num_workers)}",
+        )
+
+
+def _short(value) -> str:
+    """repr of a value for a message, cut to 60 characters (a 400-digit seed stays one line)."""
+    if is_int(value) and abs(value) >= 10**40:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def loads_json(text: str, where: str, error: type[DcpOptError] = DcpOptError):

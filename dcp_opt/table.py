@@ -9,6 +9,7 @@ import numpy as np
 
 from .batch import Batch
 from .cost import CostModel
+from .cost.finite import check_table_finite
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ def _kind_table(batch: Batch, cost: CostModel, sp_kind: str, worst: bool = False
         _block(cost, tokens, rows, levels, degrees[a : a + step], sp_kind, worst)
         for a in range(0, len(degrees), step)
     ]
+    for a, b in zip(range(0, len(degrees), step), blocks, strict=True):
+        check_table_finite(cost, batch, degrees[a : a + step], b[0], b[1])
     r_min, time, marginal = (np.vstack([b[k] for b in blocks]).T.copy() for k in range(3))
     const = np.concatenate([b[3] for b in blocks])
     return SeqTable(degrees, feats, tokens, r_min, time, time - over, marginal, const)

@@ -15,8 +15,10 @@ the step former, planning ahead), with `common.py` (every planner's shared tail)
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable
 
 from dcp_opt.errors import DcpOptError, check_planner_options
@@ -51,6 +53,27 @@ def available_planners() -> list[str]:
 
 
 def get_planner(name: str) -> Callable:
+    """Planner `name` as a function of (batch, cost, **options) that checks first what every
+    planner must refuse: an option it does not take, a bad shared option, a batch above the
+    sequence cap (checked_planner). Its signature is the planner's own (inspect follows
+    __wrapped__), so callers that map options onto it see the planner's parameters."""
+    return _checked(name, _import_planner(name))
+
+
+@functools.cache
+def _checked(name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def planner(batch, cost, **options):
+        from .common import check_batch_size
+
+        check_options(name, fn, options)
+        check_batch_size(batch, where=name)
+        return fn(batch, cost, **options)
+
+    return planner
+
+
+def _import_planner(name: str) -> Callable:
     if name not in PLANNERS:
         raise DcpOptError(f"planner: {name!r} not allowed; allowed: {list(PLANNERS)}")
     mod, fn = PLANNERS[name].split(":")
@@ -63,15 +86,45 @@ def get_planner(name: str) -> Callable:
     return getattr(module, fn)
 
 
-def run_planner(name: str, batch, cost, **options):
-    """Plan with planner `name`. The options every searching planner shares (time_limit_s,
-    seed, num_workers) are checked here for all of them, so a bad value names its field
-    instead of failing inside numpy or CP-SAT."""
-    fn = get_planner(name)
+@functools.cache
+def planner_options(fn: Callable) -> tuple[str, ...]:
+    """The options planner `fn` takes: its keyword parameters after (batch, cost), and, for
+    a planner that takes **options, the names it declares in `fn.extra_options` (a planner
+    that takes **options without declaring them is a bug of the registry: refused)."""
+    params = list(inspect.signature(fn).parameters.values())[2:]
+    names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        extra = getattr(fn, "extra_options", None)
+        if not isinstance(extra, tuple) or not all(isinstance(x, str) for x in extra):
+            raise TypeError(
+                f"planner {fn.__qualname__} takes **options: it must list them in "
+                "`extra_options` (a tuple of names) so that run_planner can check them"
+            )
+        names += [x for x in extra if x not in names]
+    return tuple(names)
+
+
+def check_options(name: str, fn: Callable, options: dict) -> None:
+    """Refuse options planner `name` does not take (a misspelt option would be ignored
+    without a word otherwise), naming them and listing the ones it takes; then check the
+    shared ones (time_limit_s, seed, num_workers) so a bad value names its field instead of
+    failing inside numpy or CP-SAT."""
+    allowed = planner_options(fn)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise DcpOptError(
+            f"{name}: unknown option{'s' if len(unknown) > 1 else ''} {unknown}; "
+            f"allowed: {list(allowed)}"
+        )
     check_planner_options(
         **{k: options.get(k) for k in ("time_limit_s", "seed", "num_workers")}, where=name
     )
-    return fn(batch, cost, **options)
+
+
+def run_planner(name: str, batch, cost, **options):
+    """Plan with planner `name`, its options checked first (check_options) and the batch
+    within every planner's cap (common.check_batch_size): get_planner's checked function."""
+    return get_planner(name)(batch, cost, **options)
 
 
 # Stream tools (issue 13), loaded on first use like the planners: the step former and the

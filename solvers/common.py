@@ -13,10 +13,35 @@ from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
 from dcp_opt.build import make_plan
 from dcp_opt.cost import CostModel
+from dcp_opt.cost.finite import check_step_finite
+from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Group
 from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
 from dcp_opt.validate import InvalidPlanError, validate
+
+# The most sequences one planner call takes. Planning holds per-sequence tables at every
+# degree (numpy and Python lists) for the whole batch at once, so its peak memory grows
+# linearly: greedy on h200x1024 (llama-7b) peaks at 1.07 GB RSS for 1,000,000 sequences (15-34 s
+# on the shared 2-core box; the batch itself 0.32 GB) and 4.8 GB for 5,000,000 (330 s; the
+# issue's run: 6.9 GB, 2 min 11 s). Above the cap a batch is refused
+# with how to split it: one call plans one optimizer step, and a step of more sequences is
+# several steps' worth (solvers/stream/step_former.py forms steps from a stream).
+MAX_SEQUENCES = 1_000_000
+
+
+def check_batch_size(batch: Batch, *, where: str = "planner") -> None:
+    """Refuse a batch above MAX_SEQUENCES, saying how to split it (before any table)."""
+    n = len(batch)
+    if n > MAX_SEQUENCES:
+        parts = -(-n // MAX_SEQUENCES)
+        raise DcpOptError(
+            f"{where}: batch of {n} sequences is more than the {MAX_SEQUENCES} one plan takes "
+            f"(planning memory grows ~1 KB per sequence: ~1 GB at the cap); split it into "
+            f"{parts} batches of at most {MAX_SEQUENCES} sequences (e.g. Batch(batch.sequences[k::"
+            f"{parts}]) for k in range({parts})) and plan each as its own step"
+        )
+
 
 _gc_lock = threading.Lock()
 _gc_pause = {"depth": 0, "was_enabled": False}
@@ -74,6 +99,7 @@ def finish(
     sim = simulate(plan, batch, cost, events=False)  # totals only: no timeline
     plan = replace(plan, predicted_step_time_s=sim.step_time_s, meta={"imbalance": sim.imbalance})
     bound = lower_bound(batch, cost)
+    check_step_finite(cost, planner, sim.step_time_s, bound.value_s)  # never an inf step
     return PlanResult(
         status,
         plan,

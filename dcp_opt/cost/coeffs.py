@@ -4,12 +4,12 @@ counts and the cluster's peak (`flops_coefficients`, the preset)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
 from ..cluster import GB, Cluster
-from ..errors import DcpOptError
+from ..errors import DcpOptError, is_int, is_real
 from ..model import ModelSpec
 
 
@@ -57,6 +57,77 @@ class CostCoefficients:
             return cls(**d)
         except (KeyError, TypeError, AttributeError) as e:
             raise DcpOptError(f"cost coefficients: malformed ({e})") from None
+
+
+_TERMS = ("quad", "lin", "seq", "const")
+# Fields the cost model divides by (through the per-token memory (L + 1) * act + head that
+# solvers/greedy/instance.py and the baselines' profile divide capacity by): > 0.
+_POSITIVE = ("act_bytes_per_token_layer",)
+
+
+def check_coefficients(
+    coeffs, where: str = "cost coefficients", error: type[DcpOptError] = DcpOptError
+) -> None:
+    """Refuse coefficients the cost model cannot price with, naming the field: every time
+    (seconds per unit) and every byte count finite and >= 0, the activation bytes > 0 (the
+    cost model divides by them), one time coefficient > 0 (planners divide by step times),
+    the all-to-all calls an integer >= 0 (no bool), the blocks a dict of BlockCoeffs. The profile loader's rule (dcp_opt/profile_io.py) for a
+    CostCoefficients built in Python: a negative coefficient would plan to a negative step
+    time, a nan or inf to nan everywhere. `error`: the class raised (the profile loader's
+    ProfileError, say), a DcpOptError by default."""
+    try:
+        _check(coeffs, where)
+    except DcpOptError as e:
+        if error is DcpOptError:
+            raise
+        raise error(str(e)) from None
+
+
+def _check(coeffs, where: str) -> None:
+    if not isinstance(coeffs, CostCoefficients):
+        raise DcpOptError(f"{where}: must be a CostCoefficients, got {type(coeffs).__name__}")
+    if not isinstance(coeffs.blocks, dict) or not coeffs.blocks:
+        raise DcpOptError(f"{where}.blocks: must be a non-empty dict of block name -> BlockCoeffs")
+    for name, block in coeffs.blocks.items():
+        if not isinstance(block, BlockCoeffs):
+            raise DcpOptError(f"{where}.blocks.{name}: must be a BlockCoeffs, got {block!r}")
+        for part in ("fwd", "bwd"):
+            terms = getattr(block, part)
+            if not isinstance(terms, TermCoeffs):
+                raise DcpOptError(f"{where}.blocks.{name}.{part}: must be a TermCoeffs")
+            for term in _TERMS:
+                _nonnegative(getattr(terms, term), f"{where}.blocks.{name}.{part}.{term}")
+    for f in fields(CostCoefficients):
+        if f.name in ("blocks", "source"):
+            continue
+        v = getattr(coeffs, f.name)
+        field_name = f"{where}.{f.name}"
+        if f.name == "a2a_calls_per_layer":
+            if not (is_int(v) and v >= 0):
+                raise DcpOptError(f"{field_name}: must be an integer >= 0, got {v!r}")
+            continue
+        _nonnegative(v, field_name)
+        if f.name in _POSITIVE and not v > 0:
+            raise DcpOptError(
+                f"{field_name}: must be > 0 (the cost model divides capacity by the bytes a "
+                f"token holds), got {v!r}"
+            )
+    seconds = [getattr(getattr(b, part), t) for b in coeffs.blocks.values()
+               for part in ("fwd", "bwd") for t in _TERMS]  # fmt: skip
+    seconds += [coeffs.head_fwd_per_token_s, coeffs.head_bwd_per_token_s]
+    if not any(v > 0 for v in [*seconds, coeffs.microbatch_overhead_s]):
+        raise DcpOptError(
+            f"{where}: every time coefficient is 0, so every micro-batch would take 0 s (the "
+            "planners divide by step times); at least one (e.g. microbatch_overhead_s) must "
+            "be > 0"
+        )
+    if not isinstance(coeffs.source, str):
+        raise DcpOptError(f"{where}.source: must be a string, got {coeffs.source!r}")
+
+
+def _nonnegative(v, field_name: str) -> None:
+    if not (is_real(v) and v >= 0):
+        raise DcpOptError(f"{field_name}: must be a finite number >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)

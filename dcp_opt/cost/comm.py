@@ -69,7 +69,9 @@ class Comm:
             bw_time = sent * (1 - off) / c.intra_node_bw + sent * off / c.inter_node_bw
         else:
             bw_time = sent / c.intra_node_bw
-        lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s)
+        # a degree-1 group makes no call: its latency is 0 before any product, so a latency
+        # too large to multiply (calls x 1e308 = inf) cannot turn 0 calls into inf x 0 = nan
+        lat = np.where(spans, c.inter_node_latency_s, c.intra_node_latency_s) * (d > 1)
         return bw_time + self.coeffs.a2a_calls_per_layer * lat * (d - 1)
 
     def step_collectives(self) -> dict[str, float]:
@@ -114,10 +116,17 @@ class Comm:
         Thakur et al. 2005; by default the bytes runtime/sharding.py sends under the mode,
         step_collectives), at the NIC rate across nodes, + the closing micro-step of the
         sharded modes (closing_step_time) + `step_overhead_s`."""
+        if self.cluster.num_gpus == 1:
+            return self.step_overhead_s + self.closing_step_time()
+        return self.ring_all_reduce_time() + self.step_overhead_s + self.closing_step_time()
+
+    def ring_all_reduce_time(self) -> float:
+        """The world collectives of grad_sync_time alone: a ring all-reduce of
+        `grad_reduce_bytes_per_param` per parameter (0 on one GPU)."""
         c = self.cluster
         n = c.num_gpus
         if n == 1:
-            return self.step_overhead_s + self.closing_step_time()
+            return 0.0
         bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
         volume = self.model.total_params * self.grad_reduce_bytes_per_param
         if c.topology is not None:  # the ring's most loaded link (dcp_opt/topology/comm.py)
@@ -125,7 +134,7 @@ class Comm:
 
             load, bw = ring_bottleneck(c.topology)
             volume = volume * load
-        return 2 * (n - 1) / n * volume / bw + self.step_overhead_s + self.closing_step_time()
+        return 2 * (n - 1) / n * volume / bw
 
     def collectives_time(self, collectives: dict[str, float]) -> float:
         """Seconds of `collectives` (bytes one rank sends, step_collectives) at the rate

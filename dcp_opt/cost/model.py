@@ -14,14 +14,15 @@ from typing import TypeVar
 
 from ..batch import Batch
 from ..cluster import Cluster
-from ..errors import DcpOptError
+from ..errors import DcpOptError, is_real
 from ..model import ModelSpec
 from . import cp as cp_cost
 from . import ring as ring_cost
-from .coeffs import CostCoefficients, flops_coefficients
+from .coeffs import CostCoefficients, check_coefficients, flops_coefficients
 from .comm import Comm, runtime_reduce_bytes
 from .compute import Compute
 from .features import Features
+from .finite import check_cost_scale
 from .memo import MemoCache
 from .memory import SHARDING_MODES, Memory
 from .phase import PhaseCosts, phase_costs
@@ -92,12 +93,20 @@ class CostModel(Features, Compute, Comm, Memory):
     def __post_init__(self) -> None:
         if self.coeffs is None:
             object.__setattr__(self, "coeffs", flops_coefficients(self.model, self.cluster))
+            try:  # derived: what is wrong is the cluster's peak (or the model's size)
+                check_coefficients(self.coeffs)
+            except DcpOptError as e:
+                raise DcpOptError(
+                    f"cluster.peak_flops: {self.cluster.peak_flops!r} FLOP/s gives FLOP-derived "
+                    f"coefficients no float64 holds ({e})"
+                ) from None
+        check_coefficients(self.coeffs)
         if self.optimizer_sharding not in SHARDING_MODES:
             raise DcpOptError(
                 f"optimizer_sharding: {self.optimizer_sharding!r} not allowed; "
                 f"allowed: {list(SHARDING_MODES)}"
             )
-        if not 0 < self.usable_memory_fraction <= 1:
+        if not (is_real(self.usable_memory_fraction) and 0 < self.usable_memory_fraction <= 1):
             raise DcpOptError(
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
@@ -112,6 +121,7 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"cost coefficients: no entry for block types {sorted(missing)} "
                 f"of model {self.model.name!r}"
             )
+        check_cost_scale(self)  # every product of finite inputs finite (cost/finite.py)
 
     def _resolve_reduce_bytes(self) -> None:
         """grad_reduce_bytes_per_param: None follows the mode; a number is checked."""
@@ -119,7 +129,7 @@ class CostModel(Features, Compute, Comm, Memory):
         follows = v is None
         if follows:
             v = runtime_reduce_bytes(self.optimizer_sharding)
-        elif isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)) or v < 0:
+        elif not is_real(v) or v < 0:
             raise DcpOptError(
                 f"grad_reduce_bytes_per_param: must be a finite number >= 0 or None (the "
                 f"runtime's collectives of optimizer_sharding), got {v!r}"
@@ -133,7 +143,7 @@ class CostModel(Features, Compute, Comm, Memory):
             v = getattr(self, name)
             if name == "closing_step_s" and v is None:
                 continue
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if not (is_real(v) and v >= 0):  # no bool, no nan
                 raise DcpOptError(f"{name}: must be a finite number >= 0, got {v!r}")
         try:
             pairs = tuple((int(d), float(x)) for d, x in self.sp_compute_overhead)

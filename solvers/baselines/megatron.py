@@ -69,7 +69,10 @@ def plan_megatron_dynamic_cp(
     todo = sorted(tokens.items(), key=lambda x: -x[1])  # stable: longest first
     phases = []
     while todo:
-        groups, todo = sched.micro_step(todo)
+        groups, left = sched.micro_step(todo)
+        # each micro-step places a sequence at least (so at most len(tokens) of them)
+        assert len(left) < len(todo), "megatron_dynamic_cp: a micro-step placed nothing"
+        todo = left
         phases.append([_group(cost, g, tokens, r, kind) for g in _layout(groups, n, cost)])
     stats = {"max_seqlen_per_rank": cap_tokens, "recompute": r, "micro_steps": len(phases)}
     return finish(phases, batch, cost, planner="megatron_dynamic_cp", started=t0, stats=stats)

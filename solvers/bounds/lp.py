@@ -33,6 +33,7 @@ from dcp_opt.bounds import lower_bound
 from dcp_opt.cost import CostModel
 
 BIG_K = (2, 3, 4)
+MAX_DOUBLINGS = 2200  # 2**2200 x the least positive float (5e-324) overflows to inf
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,15 @@ def lp_bound(
     dat = bound_data(batch, cost)
     lo = ana.value_s - sync
     hi = (upper_s - sync) if upper_s else lo * 4
-    while not _separable_ok(dat, hi):
+    # Bracket by doubling, at most MAX_DOUBLINGS times: from the least positive float that
+    # reaches inf, after which nothing changes (a work sum that overflows is never "ok").
+    hi = max(hi, 5e-324)
+    for _ in range(MAX_DOUBLINGS):
+        if _separable_ok(dat, hi):
+            break
         hi *= 2
+    else:  # no finite bracket: the analytic bound, which holds anyway
+        return LPBound(ana.value_s, ana.value_s, 0)
     if _separable_ok(dat, lo):
         sep = lo
     else:

@@ -44,6 +44,13 @@ class Data:
     mt_r: dict = field(default_factory=dict)  # exact model: (k, d, r) -> units
 
 
+def token_ceiling(inst: Instance) -> float:
+    """The largest token capacity the model is given: a capacity above the batch's tokens
+    (and above 2**40, so no real capacity changes) holds the same as that many, and stays an
+    int64 for CP-SAT (a memory of 1e300 B would be a 290-digit integer)."""
+    return float(max(float(inst.tokens.sum()), 2.0**40))
+
+
 def to_units(seconds, unit: float):
     """The one place where seconds become integers: rounded up, so the model never
     promises a plan faster than it is."""
@@ -116,7 +123,7 @@ def make_data(
         tok=np.array([int(np.ceil(inst.tokens[c].mean())) for c in classes]),
         pack=pack,
         const=to_units(inst.const, unit),
-        cap0=np.floor(inst.cap0).astype(np.int64),
+        cap0=np.floor(np.minimum(inst.cap0, token_ceiling(inst))).astype(np.int64),
         slots=slots,
         wide=wide,
         unit=unit,
@@ -161,7 +168,8 @@ def _add_levels(data: Data, cost: CostModel) -> None:
         lv = []
         for r in sorted(rs):
             per = float(cost.memory(1.0, 1, r)) - cost.fixed_bytes()
-            cap_tok = math.floor(max(cap - cost.fixed_bytes(), 0.0) * d / per * CAP_SLACK)
+            cap_tok = max(cap - cost.fixed_bytes(), 0.0) * d / per * CAP_SLACK
+            cap_tok = math.floor(min(cap_tok, token_ceiling(inst)))
             lv.append((r, int(to_units(float(cost.time(zero, d, r)), data.unit)), cap_tok))
         data.levels[j] = lv
         for k, c in enumerate(data.classes):

@@ -174,7 +174,7 @@ def plan_cpsat(
     seed: int = 0,
     deterministic: bool = False,
     incumbents: tuple[str, ...] = (),
-    **opts,
+    cpsat_params: dict | None = None,
 ) -> PlanResult:
     """Plan one step within `time_limit_s`, every stage included. `deterministic`: one
     worker, fixed seed, the limit counted in CP-SAT's deterministic time and no wall-clock
@@ -188,16 +188,16 @@ def plan_cpsat(
     )
     clock = _Clock(time.perf_counter(), time_limit_s, deterministic)
     with gc_paused():
-        return _plan(batch, cost, clock, num_workers, seed, incumbents, opts)
+        return _plan(batch, cost, clock, num_workers, seed, incumbents, cpsat_params or {})
 
 
-def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, opts):
+def _plan(batch, cost, clock: _Clock, num_workers, seed, incumbents, cpsat_params: dict):
     with clock.stage("instance"):
         inst = make_instance(batch, cost)
     with clock.stage("greedy"):
         best, phases = _first_valid(candidates(inst, cost.cluster), inst, cost)
     stats: dict = {"greedy_finish_s": best.finish_s}
-    params = {"linearization_level": 0, **opts.get("cpsat_params", {})}
+    params = {"linearization_level": 0, **cpsat_params}
     try:
         draft, status, message = _solve(cost, inst, best, clock, num_workers, seed, stats, params)
     except Exception as e:  # noqa: BLE001 (any solver failure falls back to the greedy)

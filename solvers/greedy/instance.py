@@ -124,11 +124,17 @@ def layout(
     # A sequence longer than T/2 cannot share a group within T: give each its own.
     big = np.bincount(p[tp > target / 2], minlength=len(deg))
     frac = np.maximum(frac, big)
+    # Each degree's share can be no more than the groups of it that fit: a time too large
+    # for the target (inf or nan from an extreme figure) would otherwise floor to a garbage
+    # count, and the leftover loop below would run for ever. Finite shares are unchanged.
+    most = ranks // deg
+    frac = np.where(np.isfinite(frac), frac, most)
     need = float((frac * deg).sum())
     if need > ranks:
         frac = frac * ranks / need
-    counts = np.floor(frac).astype(int)
+    counts = np.minimum(np.floor(frac), most).astype(int)
     left = ranks - int((counts * deg).sum())
+    assert 0 <= left <= ranks, (left, ranks)  # so each loop below ends within `ranks` steps
     order = np.argsort(-(frac - counts) * deg, kind="stable").tolist()
     frac_l, counts_l, deg_l = frac.tolist(), counts.tolist(), deg.tolist()  # scalar reads
     for j in order:

@@ -43,9 +43,19 @@ def candidates(inst: Instance, cluster, local: bool = True) -> Iterator[Draft]:
     yield from drafts
 
 
-def plan_greedy(batch: Batch, cost: CostModel, *, seed: int = 0, **opts) -> PlanResult:
-    """Best of the greedy candidates (see the module docstring). `seed` is unused: the
-    planner is deterministic; it is accepted so that every planner shares one signature."""
+def plan_greedy(
+    batch: Batch,
+    cost: CostModel,
+    *,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    num_workers: int | None = None,
+    deterministic: bool | None = None,
+) -> PlanResult:
+    """Best of the greedy candidates (see the module docstring). `seed`, `time_limit_s`,
+    `num_workers` and `deterministic` are unused: the planner is deterministic, single-threaded
+    and takes milliseconds; they are accepted (and checked by the registry) so that the
+    searching planners' options can be passed to it too. Any other option is refused."""
     started = time.perf_counter()
     with gc_paused():
         phases, how = _first_fit(batch, cost)

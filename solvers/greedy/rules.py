@@ -202,7 +202,9 @@ def _layout(inst: Instance, cluster, pref: np.ndarray, j: int) -> list[tuple[int
     groups, left = [], n
     for k in sorted(set(np.unique(pref).tolist()) - {j, -1}, key=lambda k: -deg[k]):
         tk = inst.time[pref == k, k]
-        want = max(1, math.ceil(float(tk.sum()) / t0), int((tk > t0 / 2).sum()))
+        share = float(tk.sum()) / t0  # inf or nan from an extreme figure: as many as fit
+        fill = math.ceil(share) if math.isfinite(share) else left // deg[k]
+        want = max(1, fill, int((tk > t0 / 2).sum()))
         c = min(want, left // deg[k])
         groups += [k] * c
         left -= c * deg[k]

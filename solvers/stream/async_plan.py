@@ -87,7 +87,7 @@ class AsyncPlanner:
     ):
         if depth < 1:
             raise DcpOptError(f"depth: must be >= 1, got {depth}")
-        from dcp_opt.solvers import get_planner  # noqa: PLC0415
+        from dcp_opt.solvers import check_options, get_planner  # noqa: PLC0415
 
         self._plan = get_planner(planner)  # fails now, not in the worker, if unknown
         self.cost = cost
@@ -95,6 +95,7 @@ class AsyncPlanner:
         self.options = dict(options)
         if deterministic and planner == "cpsat":
             self.options.update(deterministic=True, num_workers=1)
+        check_options(planner, self._plan, self.options)  # a misspelt option fails now too
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()

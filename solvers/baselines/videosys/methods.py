@@ -87,7 +87,9 @@ def _inter_phases(
     phases, gas_log = [], []
     n = cost.cluster.num_gpus
     while pool.any_left():
+        before = pool.num_left()
         step = fill_step(pool, n, rng, biased)
+        pool.check_progress(before, "dcp_inter")
         entries = inter_entries(step, pool, max_gas, min_gas)
         starts = layout([sp for sp, _ in entries], cost)
         phases.append(step_groups(entries, starts))
@@ -182,12 +184,14 @@ def plan_dcp_intra(
     max_sp = cost.cluster.gpus_per_node
     phases = []
     while pool.any_left():
+        before = pool.num_left()
         step = fill_step(pool, n, rng)
         frozen = retune(step, pool, max_sp, keep_last)
         step, frozen = pop_overflow(step, frozen, pool, n)
         rebalance_bs(step, frozen, pool)
         starts = layout([sp for _, sp, _ in step], cost)
         entries = [(sp, [MicroBatch(pool.take(b, k), L)]) for b, sp, k in step]
+        pool.check_progress(before, "dcp_intra")
         phases.append(step_groups(entries, starts))
     stats = {"num_steps": len(phases), "profile": _profile_stats(profiles)}
     return finish(phases, batch, cost, planner="dcp_intra", started=t0, stats=stats)

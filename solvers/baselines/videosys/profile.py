@@ -117,10 +117,19 @@ def max_batch(cost: CostModel, tokens: int, d: int, r: int, cap: float) -> int:
     one = float(cost.memory(tokens, d, r)) - fixed
     if not fits(fixed + one, cap):
         return 0
-    bs = max(1, int((cap * (1 + MEMORY_TOLERANCE) - fixed) / one))
+    bs = max(1, int(min((cap * (1 + MEMORY_TOLERANCE) - fixed) / one, MAX_BATCH)))
+    steps = 0
     while bs > 1 and not fits(cost.memory(bs * tokens, d, r), cap):
-        bs -= 1  # floating-point edge only
+        # floating-point edge only: one or two steps down; halving past a few keeps the
+        # loop logarithmic in bs whatever the rounding (a provable exit)
+        bs = bs - 1 if steps < 8 else bs // 2
+        steps += 1
     return bs
+
+
+# The largest batch a profile point holds (2**31 samples): memory so large that more fit is
+# the same as this many (no bucket has more), and the figures priced at it stay finite.
+MAX_BATCH = 2**31
 
 
 def pow2_floor(n: int) -> int:

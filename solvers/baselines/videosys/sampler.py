@@ -11,6 +11,7 @@ import numpy as np
 from dcp_opt.solvers.baselines.videosys.profile import BucketProfile
 
 from dcp_opt.cost import CostModel
+from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Group, MicroBatch
 
 OVERSHOOT_PENALTY = 1.2  # sampler.py:328-368: running past the target costs 20% more
@@ -34,6 +35,11 @@ def ga_solve(times, max_gas: int = 5, min_gas: int = 1) -> list[int]:
     if max_gas < 1 or min_gas < 1 or np.any(t <= 0):
         raise ValueError(f"ga_solve: need times > 0, max_gas >= 1, min_gas >= 1; got {times}")
     horizon = float(t.max()) * max_gas
+    if not math.isfinite(horizon):  # int(inf) below: refuse the figures instead
+        raise DcpOptError(
+            f"ga_solve: a chain of {max_gas} micro-batches overflows float64 "
+            f"({float(t.max())!r} s each); the cost model's seconds per micro-batch are too large"
+        )
     gmax = np.array([_max_mult(x, horizon) for x in t])
     taus = np.concatenate(
         [x * np.arange(1, g + 1, dtype=float) for x, g in zip(t, gmax, strict=True)]
@@ -76,6 +82,16 @@ class Pool:
 
     def any_left(self) -> bool:
         return any(self.left)
+
+    def num_left(self) -> int:
+        return sum(self.left)
+
+    def check_progress(self, before: int, where: str) -> None:
+        """A step loop's exit: every step takes (or drops) a sample at least, so a loop over
+        `while any_left()` runs at most num_left() steps. A step that took none would repeat
+        for ever: an internal error instead."""
+        if self.num_left() >= before:
+            raise RuntimeError(f"{where}: a step took no sample ({before} left); a bug")
 
     def by_sp(self) -> dict[int, list[int]]:
         """Profiled sp -> buckets (in bucket order) that still have samples."""

@@ -247,7 +247,9 @@ def _inter_steps(pool, cost, rng, drop_last, max_gas, min_gas, biased=True):
     steps, gas_log = [], []
     on_full = (lambda st: _prune(st, pool, max_gas, min_gas)) if drop_last else None
     while pool.any_left():
+        before = pool.num_left()
         step, filled = _fill(pool, cost.cluster.num_gpus, rng, biased, on_full=on_full)
+        pool.check_progress(before, "dcp_inter stream")
         if not step or (not filled and _unfilled(step, pool, drop_last)):
             continue
         entries = inter_entries(step, pool, max_gas, min_gas)
@@ -281,7 +283,9 @@ def _intra_steps(pool, cost, rng, drop_last):
     on_add = (lambda st: _drop_fastest_partial(st, pool)) if drop_last else None
     steps = []
     while pool.any_left():
+        before = pool.num_left()
         step, filled = _fill(pool, n, rng, False, on_add=on_add)
+        pool.check_progress(before, "dcp_intra stream")
         if not step or (not filled and _unfilled(step, pool, drop_last)):
             continue
         frozen = retune(step, pool, max_sp, keep_last=not drop_last)
