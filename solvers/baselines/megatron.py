@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 from dcp_opt.solvers.common import finish
 
@@ -48,9 +49,55 @@ from dcp_opt.errors import DcpOptError, InfeasibleError
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
-from .megatron_schedule import group_spans, schedule
+from .megatron_schedule import groups_of, schedule
 
 RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A Megatron user's settings, resolved for one batch (module doc)."""
+
+    max_seqlen_per_rank: int
+    recompute: str
+    pad_to_multiple_of: int
+    kind: str
+
+    def stats(self) -> dict:
+        return {
+            "max_seqlen_per_rank": self.max_seqlen_per_rank,
+            "recompute": self.recompute,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "kind": self.kind,
+        }
+
+
+def resolve_settings(
+    batch: Batch,
+    cost: CostModel,
+    *,
+    max_seqlen_per_rank: int | None,
+    recompute: str | None,
+    pad_to_multiple_of: int | None,
+    kind: str | None,
+) -> Settings:
+    """The options checked, with the defaults of the module doc filled in."""
+    _check_options(max_seqlen_per_rank, 1, pad_to_multiple_of, recompute, None)
+    kind = _kind(cost, kind)
+    pad = 2 * cost.cluster.num_gpus if pad_to_multiple_of is None else pad_to_multiple_of
+    if max_seqlen_per_rank is None or recompute is None:
+        longest = max(n for _, n in padded_lengths(batch, pad))  # the scheduler sees these
+        r0, cap0 = _token_cap(cost, longest, kind)
+        pow2 = 1 << (cost.cluster.num_gpus.bit_length() - 1)  # Megatron's widest CP size
+        cap0 = max(cap0, -(-longest // pow2))  # so that Megatron's assertion cannot fire
+        max_seqlen_per_rank = cap0 if max_seqlen_per_rank is None else max_seqlen_per_rank
+        recompute = ("none" if r0 == 0 else "full") if recompute is None else recompute
+    return Settings(max_seqlen_per_rank, recompute, pad, kind)
+
+
+def padded_lengths(batch: Batch, pad: int) -> list[tuple[int, int]]:
+    """[(id, length rounded up to a multiple of pad)] in batch order."""
+    return [(s.id, -(-s.num_tokens // pad) * pad) for s in batch.sequences]
 
 
 def plan_megatron_dynamic_cp(
@@ -69,28 +116,36 @@ def plan_megatron_dynamic_cp(
     t0 = time.perf_counter()
     _check_options(max_seqlen_per_rank, min_cp_size, pad_to_multiple_of, recompute, vpp_group)
     cost.check_fits(batch)
-    n = cost.cluster.num_gpus
-    kind = _kind(cost, kind)
+    st = resolve_settings(
+        batch, cost, max_seqlen_per_rank=max_seqlen_per_rank, recompute=recompute,
+        pad_to_multiple_of=pad_to_multiple_of, kind=kind,
+    )  # fmt: skip
+    steps = schedule(
+        padded_lengths(batch, st.pad_to_multiple_of), cost.cluster.num_gpus,
+        st.max_seqlen_per_rank, min_cp_size=min_cp_size, vpp_group=vpp_group,
+    )  # fmt: skip
+    stats = {"min_cp_size": min_cp_size, "vpp_group": vpp_group}
+    return plan_of_steps(
+        steps, batch, cost, st, planner="megatron_dynamic_cp", started=t0, stats=stats
+    )
+
+
+def plan_of_steps(
+    steps, batch: Batch, cost: CostModel, st: Settings, *, planner: str, started: float,
+    stats: dict | None = None,
+) -> PlanResult:  # fmt: skip
+    """A plan of Megatron's micro-steps (per rank, the ids it holds): one phase each, every
+    CP group's pack one micro-batch at the setting's recompute (module doc)."""
     tokens = {s.id: s.num_tokens for s in batch.sequences}
-    if max_seqlen_per_rank is None or recompute is None:
-        r0, cap0 = _token_cap(cost, max(tokens.values()), kind)
-        max_seqlen_per_rank = cap0 if max_seqlen_per_rank is None else max_seqlen_per_rank
-        recompute = ("none" if r0 == 0 else "full") if recompute is None else recompute
-    pad = 2 * n if pad_to_multiple_of is None else pad_to_multiple_of
-    padded = [(i, -(-t // pad) * pad) for i, t in tokens.items()]
-    steps = schedule(padded, n, max_seqlen_per_rank, min_cp_size=min_cp_size, vpp_group=vpp_group)
-    r = cost.model.num_layers if recompute == "full" else 0
+    r = cost.model.num_layers if st.recompute == "full" else 0
     oom = [0]
-    phases = [[_group(cost, g, tokens, r, kind, oom) for g in _layout(st, cost)] for st in steps]
-    stats = {
-        "max_seqlen_per_rank": max_seqlen_per_rank,
-        "recompute": recompute,
-        "pad_to_multiple_of": pad,
-        "min_cp_size": min_cp_size,
-        "micro_steps": len(phases),
-        "oom_micro_batches": oom[0],
-    }
-    return finish(phases, batch, cost, planner="megatron_dynamic_cp", started=t0, stats=stats)
+    phases = [
+        [_group(cost, g, tokens, r, st.kind, oom) for g in layout]
+        for step in steps
+        for layout in _layouts(step, cost, tokens, st.kind)
+    ]
+    stats = {**st.stats(), **(stats or {}), "micro_steps": len(steps), "oom_micro_batches": oom[0]}
+    return finish(phases, batch, cost, planner=planner, started=started, stats=stats)
 
 
 def _check_options(m, min_cp, pad, recompute, vpp) -> None:
@@ -116,20 +171,50 @@ def _kind(cost: CostModel, kind: str | None) -> str:
     return kind
 
 
-def _layout(step, cost: CostModel) -> list[tuple[int, int, list[int]]]:
-    """The micro-step's CP groups on aligned blocks, largest first: [(start, size, ids)].
-    Power-of-two sizes summing to the ranks fit so on a power-of-two cluster."""
-    spans = sorted(group_spans(step), key=lambda x: -x[1])  # stable: creation order kept
+def _layouts(step, cost: CostModel, tokens: dict, kind: str) -> list[list[tuple]]:
+    """The micro-step's CP groups on aligned blocks, largest first: [[(start, size, ids)]],
+    one phase. Power-of-two sizes summing to the ranks fit so on a power-of-two cluster.
+    Where they do not (other clusters: Megatron's sizes are powers of two; or a placement
+    too small for a sequence of its group, on uneven memory, where Megatron runs out of
+    memory), each group gets the least allowed degree >= its size with a placement that
+    holds its longest sequence, first-fit over as many phases as needed (module doc)."""
+    groups = sorted(groups_of(step), key=lambda x: -x[0])  # stable: creation order kept
+    cl = cost.cluster
     out, start = [], 0
-    for first, size in spans:
-        if size not in cost.cluster.allowed_degrees or start not in cost.cluster.placements(size):
-            raise InfeasibleError(
-                f"megatron_dynamic_cp: a CP group of {size} ranks has no aligned placement "
-                f"at rank {start} on this cluster (degrees {list(cost.cluster.allowed_degrees)})"
-            )
-        out.append((start, size, list(step[first])))
+    for size, ids in groups:
+        if size not in cl.allowed_degrees or start not in cl.placements(size):
+            break
+        if not _holds(cost, tokens, ids, start, size, kind):
+            break
+        out.append((start, size, ids))
         start += size
-    return out
+    else:
+        return [out]
+    phases: list[list[tuple]] = []
+    for size, ids in groups:
+        options = [
+            (d, p)
+            for d in cl.allowed_degrees
+            if d >= size or d == cl.allowed_degrees[-1]
+            for p in cl.placements(d)
+            if _holds(cost, tokens, ids, p, d, kind) or d == cl.allowed_degrees[-1]
+        ]
+        for ph in [*phases, []]:
+            busy = {r for s0, d0, _ in ph for r in range(s0, s0 + d0)}
+            free = [(d, p) for d, p in options if busy.isdisjoint(range(p, p + d))]
+            if free:
+                if not ph:
+                    phases.append(ph)
+                ph.append((free[0][1], free[0][0], ids))
+                break
+    return phases
+
+
+def _holds(cost: CostModel, tokens: dict, ids, start: int, size: int, kind: str) -> bool:
+    """Whether the group's longest sequence fits alone at this placement (every layer
+    recomputed, its kind or Ulysses)."""
+    cap, longest = cost.capacity(start, size), float(max(tokens[i] for i in ids))
+    return any(cost.min_recompute(longest, size, cap, kind=k) >= 0 for k in (kind, "ulysses"))
 
 
 def _token_cap(cost: CostModel, longest: int, kind: str) -> tuple[int, int]:

@@ -28,7 +28,9 @@ The rules, each where it lives:
    d. a sequence with no option waits for the next micro-step (U:699-701);
    e. while a rank is empty: the first group of the smallest size whose ranks can grow to
       twice that size (at most the ranks) is doubled in place, the ranks after it shift up,
-      its loads are recomputed at the new size (U:724-795, U:826-829);
+      its loads are recomputed at the new size (U:724-795, U:826-829); where the shifted
+      ranks would run past the last rank (possible only on a non-power-of-two rank count)
+      Megatron raises IndexError (U:772-776); here that group cannot grow;
    f. when no group can grow: the micro-step is thrown away and rebuilt as one group of all
       ranks packing this step's sequences longest first while their tokens per rank stay
       <= M, skipping the rest, which wait (U:797-824); none fitting is Megatron's assertion.
@@ -181,6 +183,8 @@ def _double_smallest(st: _Step) -> bool:
         end = g.ranks[-1]
         if end + 1 > st.used or end + extra >= st.num_ranks:
             continue
+        if st.used + extra > st.num_ranks:  # Megatron: IndexError (only on non-power-of-two)
+            continue
         tail_load = st.load[end + 1 : st.used]
         for other in st.groups:
             if other is not g and other.ranks[0] > end:
@@ -284,6 +288,17 @@ def _double_once(step: Step) -> bool:
             return True
         prev = size
     return False
+
+
+def groups_of(step: Step) -> list[tuple[int, list[int]]]:
+    """(size, ids) of each CP group of a micro-step, in order of its first rank: the ranks
+    holding the same ids (build_packed_microbatches' local_cp_size, U:505-519). Idle ranks
+    (no ids) form no group."""
+    sizes: dict[tuple[int, ...], int] = {}
+    for ids in step:
+        if ids:
+            sizes[tuple(ids)] = sizes.get(tuple(ids), 0) + 1
+    return [(size, list(ids)) for ids, size in sizes.items()]
 
 
 def group_spans(step: Step) -> list[tuple[int, int]]:
