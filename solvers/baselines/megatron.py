@@ -6,7 +6,9 @@ megatron_schedule.py (each rule cited there with file:line) and checked against 
 functions (docs/baselines.md, "megatron_dynamic_cp"). The options are Megatron's:
 - `max_seqlen_per_rank`: `--max-seqlen-per-dp-cp-rank` (data_schedule.py:415); None: the most
   tokens per rank that fit at every power-of-two degree with recompute off (or every layer
-  recomputed if the longest sequence then needs more than the cluster), the value of issue 16;
+  recomputed if the longest sequence then needs more than the cluster), the value of issue 16,
+  raised to at least the longest padded length over the largest power of two of ranks (so
+  that Megatron's CP-size assertion cannot fire); a sweep sets it (tuned.py);
 - `min_cp_size`: `--min-dynamic-context-parallel-size` (data_schedule.py:412, 526);
 - `pad_to_multiple_of`: the scheduler sees padded lengths (data_schedule_utils.py:576);
   Megatron's SFT dataset pads each to 2 x DP x CP = 2 x ranks under dynamic CP

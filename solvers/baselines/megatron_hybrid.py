@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import time
+import warnings
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
@@ -47,7 +48,9 @@ class RankGroup:
 def released_scheduler_class():
     """`BalancedCPScheduler` of the installed megatron-core; DcpOptError if absent."""
     try:
-        module = importlib.import_module(MODULE)
+        with warnings.catch_warnings():  # scheduling needs neither TransformerEngine nor Apex
+            warnings.filterwarnings("ignore", message="Transformer Engine and Apex")
+            module = importlib.import_module(MODULE)
     except ImportError as e:
         raise DcpOptError(
             f"megatron_hybrid_cp: needs the released Megatron-Core ({MODULE}), not importable "
