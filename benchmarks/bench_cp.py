@@ -7,7 +7,9 @@ h200x32, llama-7b and llama3-8b, the 1D standard workloads (64K tokens per GPU) 
 `1d-256k-1m` (lengths uniform in [256K, 1M], 128K tokens per GPU). Per (model, workload), over
 seeded batches: the median per-batch speedup of the best project planner (greedy and cpsat
 with CostModel.sp_kinds = ulysses + cp, the faster of the two per batch) over
-megatron_dynamic_cp, verl_balanced, static_tuned and Ulysses-only greedy, the number of
+megatron_dynamic_cp, verl_balanced (their default settings), megatron_tuned and verl_tuned (the
+same at their best setting per batch, with the setting), static_tuned and Ulysses-only
+greedy, the number of
 batches where it is slower than Ulysses-only greedy (the acceptance: 0), and the kinds it
 chose as shares of the GPU-time of its micro-batches (simulate's events, degree x seconds).
 Figures are the cost model's (FLOP presets): a one-batch framing, not the stream's.
@@ -27,12 +29,17 @@ import time
 
 import numpy as np
 from dcp_opt.solvers import run_planner
+from dcp_opt.solvers.baselines.tuned import plan_megatron_tuned, plan_verl_tuned
 
 from dcp_opt import Batch, CostModel, cluster_preset, model_preset, standard_batch
 from dcp_opt.simulate import simulate
 
 WORKLOADS = ("1d-short", "1d-balanced", "1d-long", "1d-256k-1m")
 BASE = ("megatron_dynamic_cp", "verl_balanced", "static_tuned", "greedy")
+# the frameworks at their users' best setting (solvers/baselines/tuned.py: Megatron's
+# max_seqlen_per_rank 2K-128K x recompute, verl's max_token_len 2K-128K x balance x
+# checkpointing; settings that run out of memory dropped)
+TUNED = {"megatron_tuned": plan_megatron_tuned, "verl_tuned": plan_verl_tuned}
 
 
 def long_batch(seed: int, budget: int) -> Batch:
@@ -64,6 +71,11 @@ def one(model: str, workload: str, seed: int, cluster: str) -> dict:
         name: run_planner(name, batch, base if name == "greedy" else kinds).predicted_step_time_s
         for name in BASE
     }
+    settings = {}
+    for name, plan in TUNED.items():
+        res = plan(batch, kinds)
+        times[name] = res.predicted_step_time_s
+        settings[name] = res.stats["setting"]
     ours = [run_planner("greedy", batch, kinds)]
     ours.append(run_planner("cpsat", batch, kinds, time_limit_s=1.0, deterministic=True))
     best = min(ours, key=lambda r: r.predicted_step_time_s)
@@ -75,6 +87,7 @@ def one(model: str, workload: str, seed: int, cluster: str) -> dict:
         "ours_s": best.predicted_step_time_s,
         "ours_planner": best.planner,
         "baselines_s": times,
+        "tuned_settings": settings,
         "kinds": kind_shares(best.plan, batch, kinds),
     }
 
@@ -105,9 +118,11 @@ def main(argv=None) -> int:
             runs = [one(model, workload, s, args.cluster) for s in range(args.batches)]
             rows += runs
             line = {"model": model, "workload": workload}
-            for name in BASE:
+            for name in (*BASE, *TUNED):
                 sp = [r["baselines_s"][name] / r["ours_s"] for r in runs]
                 line[f"vs_{name}"] = round(statistics.median(sp), 4)
+            for name in TUNED:  # the setting of each batch
+                line[f"{name}_settings"] = [r["tuned_settings"][name] for r in runs]
             line["slower_than_ulysses_greedy"] = sum(
                 r["ours_s"] > r["baselines_s"]["greedy"] * (1 + 1e-12) for r in runs
             )

@@ -35,6 +35,7 @@ PLANNERS: dict[str, str] = {
     "cpsat": "cpsat.plan:plan_cpsat",
     "megatron_dynamic_cp": "baselines.megatron:plan_megatron_dynamic_cp",
     "verl_balanced": "baselines.verl:plan_verl_balanced",
+    "megatron_hybrid_cp": "baselines.megatron_hybrid:plan_megatron_hybrid_cp",
 }
 
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")

@@ -60,3 +60,9 @@ def plan_timeout(batch, cost, **options):
     from dcp_opt.result import PlanResult
 
     return PlanResult("timeout", None, float("inf"), 0.0, 0.0, "stub_timeout", "no time")
+
+
+# The stubs take **options and ignore them; they declare the options every planner shares, as
+# run_planner requires of a planner with **options (solvers/__init__.py planner_options).
+for _stub in (plan_whole, plan_nodes, plan_boom, plan_none, plan_timeout):
+    _stub.extra_options = ("seed", "time_limit_s", "num_workers", "deterministic")

@@ -405,6 +405,8 @@ def test_bench_catches_an_invalid_plan(stubs, monkeypatch):
             ),
         )
 
+    plan_drop.extra_options = stub_planners.plan_whole.extra_options
+
     monkeypatch.setattr(stub_planners, "plan_drop", plan_drop, raising=False)
     monkeypatch.setitem(solvers.PLANNERS, "stub_drop", "_test_stub:plan_drop")
     doc = run_bench(BenchConfig("h200x8", ("1d-short",), ("stub_drop",), 1, tokens_per_gpu=8192))
@@ -452,6 +454,8 @@ def test_summary_json_takes_numpy_planner_stats(stubs, monkeypatch, tmp_path):
     def plan_np(batch, cost, **kw):
         res = stub_planners.plan_whole(batch, cost)
         return dataclasses.replace(res, stats={"nodes": np.int64(3), "bounds": np.arange(2)})
+
+    plan_np.extra_options = stub_planners.plan_whole.extra_options
 
     monkeypatch.setattr(stub_planners, "plan_np", plan_np, raising=False)
     monkeypatch.setitem(solvers.PLANNERS, "stub_np", "_test_stub:plan_np")

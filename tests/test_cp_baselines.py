@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from dcp_opt.solvers import FRAMEWORK_BASELINES, run_planner
-from dcp_opt.solvers.baselines.megatron import _Sched
 from dcp_opt.solvers.baselines.verl import karmarkar_karp
 
 from dcp_opt import Batch, CostModel, cluster_preset, validate
@@ -32,21 +31,6 @@ def test_valid_on_every_standard_workload(planner, workload):
         assert kinds == {"ulysses"}
     else:
         assert "cp" in kinds or all(g.degree == 1 for g in res.plan.phases[0].groups)
-
-
-def test_megatron_cp_size_and_workload_by_hand():
-    # max_seqlen_per_rank 1000: 2500 tokens need 2^ceil(log2 2.5) = 4 ranks, work 2500^2 / 4;
-    # 1000 tokens 1 rank; 1001 tokens 2 ranks
-    sched = _Sched(COSTS["1d"], 1000, 1)
-    assert [sched.needed(s) for s in (2500, 1000, 1001, 10)] == [4, 1, 2, 1]
-    assert sched.work(2500) == 2500 * 2500 / 4
-    # one micro-step on 32 ranks: 4 sequences of 2500 take 4 groups of 4 (new groups while
-    # ranks are free), 20 of 1000 tokens fill 16 ranks, then pack (1000 + 1000 > 1000 per rank:
-    # no) -- 4 of them wait for the next micro-step
-    seqs = [(i, 2500) for i in range(4)] + [(4 + i, 1000) for i in range(20)]
-    groups, left = sched.micro_step(seqs)
-    assert sorted(size for size, _ in groups) == [1] * 16 + [4] * 4
-    assert len(left) == 4 and all(s == 1000 for _, s in left)
 
 
 def test_megatron_schedule_gains_nothing_from_idle_ranks():

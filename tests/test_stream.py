@@ -116,7 +116,7 @@ ROW_KEYS = {
     "num_steps", "trained_tokens", "dropped_tokens", "dropped_share", "epoch_time_s",
     "tokens_per_s", "step_tokens", "step_time_s", "planning_s", "planning_ms_per_step",
     "bound_s", "gap_to_bound", "steps_bound_s", "gap_to_steps_bound", "speedup_vs_bucket",
-    "speedup_vs_pac", "sp_kinds",
+    "speedup_vs_pac", "sp_kinds", "setting",
 }  # fmt: skip
 
 
@@ -173,6 +173,8 @@ def _check_framework_rows(rows: list[dict]) -> None:
             r = by[f"{name}@{size}"]
             assert r["family"] == "framework" and r["sp_kinds"] == ["ulysses", "cp"]
             assert r["dropped_tokens"] == 0 and r["epoch_time_s"] >= r["bound_s"] * (1 - 1e-9)
+            # issue 25: each at the setting tuned on the first steps (tuned.py's grid)
+            assert isinstance(r["setting"], dict) and r["setting"], r["setting"]
         cp, ulysses = by[f"greedy+cp@{size}"], by[f"greedy@{size}"]
         assert cp["family"] == "project" and ulysses["sp_kinds"] == ["ulysses"]
         assert cp["tokens_per_s"] >= ulysses["tokens_per_s"] * (1 - 1e-9)
@@ -183,6 +185,8 @@ def test_frameworks_skip_2d_and_name_the_field():
         StreamConfig(frameworks=("deepspeed",))
     with pytest.raises(DcpOptError, match="^planners: .*framework"):
         StreamConfig(planners=("greedy", "verl_balanced"))
+    with pytest.raises(DcpOptError, match="^framework_tune_steps: "):
+        StreamConfig(framework_tune_steps=-1)
     with pytest.raises(DcpOptError, match="^framework_sizes: "):
         StreamConfig(framework_sizes=(0,))
     with pytest.raises(DcpOptError, match="^former_budget_per_step_s: "):

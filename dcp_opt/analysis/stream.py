@@ -146,6 +146,8 @@ class StreamConfig:
     frameworks: tuple[str, ...] = FRAMEWORKS
     cp_planner: str | None = "greedy"
     framework_sizes: tuple[int, ...] | None = (2 * MILLION,)
+    # the frameworks' settings tuned on the first steps (stream_frameworks.tuned_setting)
+    framework_tune_steps: int = 2
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
 
     def __post_init__(self) -> None:
@@ -162,6 +164,10 @@ class StreamConfig:
         if self.former_budget_per_step_s < 0:
             raise DcpOptError(
                 f"former_budget_per_step_s: must be seconds >= 0, got {self.former_budget_per_step_s}"
+            )
+        if self.framework_tune_steps < 0:
+            raise DcpOptError(
+                f"framework_tune_steps: must be >= 0, got {self.framework_tune_steps}"
             )
         if self.framework_sizes is not None and any(s < 1 for s in self.framework_sizes):
             raise DcpOptError(f"framework_sizes: must be >= 1 token, got {self.framework_sizes}")
@@ -257,6 +263,7 @@ def _project_runs(config, workload, epoch, cost, targets, notes, on_done):
             method_row(
                 workload, name, r, epoch, family="project", planner=planner, drop_last=False,
                 step_former=former, target_tokens=target, sp_kinds=list(cost.sp_kinds),
+                setting=None,
             )
         )  # fmt: skip
         on_done(workload, name)
@@ -300,7 +307,7 @@ def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) 
                 method_row(
                     workload, name, run, epoch, family="published", planner=method,
                     drop_last=drop, step_former=False, target_tokens=None,
-                    sp_kinds=list(cost.sp_kinds),
+                    sp_kinds=list(cost.sp_kinds), setting=None,
                 )
             )  # fmt: skip
             on_done(workload, name)

@@ -135,13 +135,15 @@ def render_framework_table(doc: dict):
         title="text frameworks at the same fixed steps (data order, ulysses + cp offered): "
         "greedy+cp over each",
         title_justify="left",
-        caption="megatron_dynamic_cp: Megatron-Core's dynamic CP schedule of each global batch; "
-        "verl_balanced: verl's dynamic batch size (Karmarkar-Karp micro-batches, one Ulysses "
-        "degree); gap: to the stream bound over both kinds",
+        caption="megatron_dynamic_cp: Megatron-Core dev's dynamic CP schedule of each global "
+        "batch; verl_balanced: verl's dynamic batch size (Karmarkar-Karp micro-batches, one "
+        "Ulysses degree); each at the setting tuned on the first steps (setting columns); "
+        "gap: to the stream bound over both kinds. Megatron's groups are all-gather cp until "
+        "ring attention lands (issue 25 item 3)",
         caption_justify="left",
     )
     cols = ("workload", "step", "vs megatron", "vs verl", "vs greedy (ulysses)", "gap",
-            "megatron gap", "verl gap")  # fmt: skip
+            "megatron gap", "verl gap", "megatron setting", "verl setting")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="left" if col in ("workload", "step") else "right")
     for r in doc.get("frameworks", []):
@@ -154,5 +156,20 @@ def render_framework_table(doc: dict):
             fmt_cell(r["gap_to_bound"], ".1%"),
             fmt_cell(r["megatron_dynamic_cp_gap_to_bound"], ".1%"),
             fmt_cell(r["verl_balanced_gap_to_bound"], ".1%"),
+            _setting(r.get("megatron_dynamic_cp_setting")),
+            _setting(r.get("verl_balanced_setting")),
         )
     return table
+
+
+def _setting(setting) -> str:
+    """A tuned setting in a cell: its values, short (max_seqlen_per_rank 8192 -> 8K)."""
+    if not isinstance(setting, dict):
+        return str(setting or "-")
+    short = {"max_seqlen_per_rank": "M", "max_token_len_per_gpu": "len", "recompute": "",
+             "balance": "", "checkpointing": "ckpt"}  # fmt: skip
+    parts = []
+    for k, v in setting.items():
+        v = f"{v // 1024}K" if isinstance(v, int) and not isinstance(v, bool) else v
+        parts.append(f"{short.get(k, k)}{'=' if short.get(k, k) else ''}{v}")
+    return " ".join(parts)

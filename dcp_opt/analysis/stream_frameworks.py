@@ -16,6 +16,10 @@ project's greedy planner runs on the same steps and cost model, choosing the kin
 (`greedy+cp@<size>`), so the three rows differ only in the planner. Their stream bound is the
 bound over both kinds (the per-step tables take the least over cost.sp_kinds).
 
+Each framework runs at its users' best setting: tuned on the first `framework_tune_steps`
+steps of the row (StreamConfig, default 2; 0 runs the planners' defaults), the setting then
+fixed for the epoch and written in the row (`setting`); see `tuned_setting`.
+
 2D workloads are left out: neither framework serves a video DiT (solvers/baselines/megatron.py).
 """
 
@@ -62,17 +66,31 @@ def framework_runs(
             planners.append((config.cp_planner, config.cp_planner + CP_TAG, "project"))
         for planner, tag, family in planners:
             name = f"{tag}@{label}"
-            run = run_fixed(epoch, cp_cost, planner, steps, {}, 0, bound=bound, cache=cache)
+            options = {}
+            if family == "framework" and config.framework_tune_steps:
+                options = tuned_setting(planner, steps, cache, cp_cost, config.framework_tune_steps)
+            run = run_fixed(epoch, cp_cost, planner, steps, options, 0, bound=bound, cache=cache)
             bound = run.bound_s
             out.append(
                 method_row(
                     workload, name, run, epoch, family=family, planner=planner,
                     drop_last=False, step_former=False, target_tokens=target,
-                    sp_kinds=list(CP_KINDS),
+                    sp_kinds=list(CP_KINDS), setting=options or None,
                 )
             )  # fmt: skip
             on_done(workload, name)
     return out
+
+
+def tuned_setting(planner: str, steps, cache, cost, num_steps: int) -> dict:
+    """The framework's best setting on the first `num_steps` steps, as its users tune it
+    (solvers/baselines/tuned.py `tune`: Megatron's max_seqlen_per_rank 2K-128K x recompute,
+    verl's max_token_len 2K-128K x balance x checkpointing; settings that run out of memory
+    dropped); {} (its defaults) if every setting is dropped."""
+    from dcp_opt.solvers.baselines.tuned import tune
+
+    setting, _ = tune(planner, [cache.batch(ids) for ids in steps[:num_steps]], cost)
+    return setting
 
 
 def count_runs(config, sizes_per_workload: int) -> int:
@@ -101,5 +119,6 @@ def framework_table(rows: list[dict]) -> list[dict]:
             row[f"vs_{ref}"] = r["tokens_per_s"] / other["tokens_per_s"] if ok else None
             if ref in FRAMEWORKS:
                 row[f"{ref}_gap_to_bound"] = other["gap_to_bound"] if other else None
+                row[f"{ref}_setting"] = other.get("setting") if other else None
         out.append(row)
     return out

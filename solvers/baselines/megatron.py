@@ -1,45 +1,47 @@
-"""`megatron_dynamic_cp`: Megatron-Core's dynamic context parallelism scheduler, emulated.
+"""`megatron_dynamic_cp`: Megatron-Core's dynamic context parallelism as its users run it.
 
-Source: NVIDIA/Megatron-LM (dev) at 00c51e1, megatron/core/datasets/data_schedule.py
-(DefaultDynamicCPScheduler.get_groups_and_subsamples) and data_schedule_utils.py
-(next_hdp_group, dcp_gpus_needed, dcp_get_total_workload, dcp_make_buckets_equal). What it does:
-- sequences sorted longest first; each gets a CP size needed(s) = max(min_cp, 2^ceil(log2(s /
-  max_seqlen_per_rank))) and a workload s^2 / needed(s);
-- repeatedly one micro-step (next_hdp_group): the sequences are cut into buckets of about
-  equal workload, one per distinct CP size; bucket heads are placed in bucket order: a new
-  group of needed(s) free ranks while there are enough (free ranks carry no work, so a new
-  group always wins over packing), else into the least-loaded group of that size whose packed
-  tokens per rank stay <= max_seqlen_per_rank; the step ends when nothing fits or, once a
-  smaller CP size appeared, when the ranks' loads are within delta = 5%; the rest waits for
-  the next micro-step; empty ranks are filled by doubling the smallest group (fill_empty_gpus);
-- every group packs its sequences into one micro-batch (build_packed_microbatches).
-Each micro-step is one phase here; every group is of kind `cp`.
+The decisions (which micro-step, which CP size, which sequences pack together) are dev's
+`DefaultDynamicCPScheduler` at d48bd6be0a85, reimplemented from its rules in
+megatron_schedule.py (each rule cited there with file:line) and checked against the real
+functions (docs/baselines.md, "megatron_dynamic_cp"). The options are Megatron's:
+- `max_seqlen_per_rank`: `--max-seqlen-per-dp-cp-rank` (data_schedule.py:415); None: the most
+  tokens per rank that fit at every power-of-two degree with recompute off (or every layer
+  recomputed if the longest sequence then needs more than the cluster), the value of issue 16,
+  raised to at least the longest padded length over the largest power of two of ranks (so
+  that Megatron's CP-size assertion cannot fire); a sweep sets it (tuned.py);
+- `min_cp_size`: `--min-dynamic-context-parallel-size` (data_schedule.py:412, 526);
+- `pad_to_multiple_of`: the scheduler sees padded lengths (data_schedule_utils.py:576);
+  Megatron's SFT dataset pads each to 2 x DP x CP = 2 x ranks under dynamic CP
+  (sft_dataset.py:92-113), the default; 1 turns it off;
+- `recompute`: "none", "selective" or "full" (`--recompute-granularity`): full recomputes every
+  layer (dcp_opt's recompute_layers = L); selective recomputes the core attention only, whose
+  s^2 scores flash attention never stores, so in dcp_opt's activation model (linear in
+  tokens, dcp_opt/cost/memory.py) it saves nothing and is priced as none (its extra
+  attention forward is not charged: in Megatron's favour); None: derived with
+  max_seqlen_per_rank above;
+- `vpp_group`: `microbatch_group_size_per_vp_stage` (data_schedule.py:439-445); dcp_opt has
+  no pipeline stages, so only the micro-step count changes;
+- `kind`: the SP kind of every group: None is "cp" where the cost model offers it, else
+  "ulysses". Megatron's CP is ring attention; a `ring` kind slots in here (kind="ring") once
+  dcp_opt.cost offers it (issue 25 item 3).
 
-Deviations (docs/baselines.md, "megatron_dynamic_cp"):
-- groups sit on aligned rank blocks (dcp_opt's plans; Megatron takes the free ranks in order,
-  which is the same while CP sizes do not grow within a step);
-- Megatron's CP is ring attention (TransformerEngine p2p); dcp_opt's `cp` is all-gather-KV:
-  the same compute split, more memory for gathered K/V, no overlap (dcp_opt/cost/cp.py);
-- max_seqlen_per_rank (a user setting) is the most tokens per rank that fit at every power-of-two
-  degree with recompute off, or with every layer recomputed if the longest sequence then
-  needs more than the cluster; a packed micro-batch over the memory gets the fewest recomputed
-  layers that fit (Megatron would run out of memory);
-- lengths are not padded to a multiple of 2 x DP x CP (Megatron's SFT dataset pads);
-- CP sizes are rounded up to the cluster's allowed degrees (powers of two on power-of-two
-  clusters: unchanged);
-- groups are `cp` only where the cost model offers it (CostModel.sp_kinds, as the planners'
-  tables and bounds do); otherwise, where cp cannot hold a micro-batch even with every layer
-  recomputed, and on 2D models (which Megatron does not serve), the same schedule runs with
-  Ulysses groups;
-- a CP size whose weakest placement cannot hold the sequence is raised to one that can, and
-  a pack over the memory runs as a chain of micro-batches that fit.
+What dcp_opt changes, each only where the plan needs it (docs/baselines.md, the table):
+- sequences train unpadded: the schedule is made on padded lengths, the plan prices the
+  real ones (at most pad - 1 tokens less a sequence);
+- groups sit on aligned rank blocks, largest first (Megatron: consecutive ranks in creation
+  order); the (micro-step, CP size, pack) of every sequence is unchanged;
+- a group's pack over the memory at the setting's recompute (where Megatron runs out of
+  memory) gets the fewest recomputed layers that fit, or runs as a chain of micro-batches
+  that fit; `stats["oom_micro_batches"]` counts them, so a sweep can drop the setting;
+- where the cost model's cp cannot hold a micro-batch even with every layer recomputed, and
+  on 2D models (which Megatron does not serve), the same schedule runs with Ulysses groups.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from dataclasses import dataclass
 
 from dcp_opt.solvers.common import finish
 
@@ -49,33 +51,172 @@ from dcp_opt.errors import DcpOptError, InfeasibleError
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 
-DELTA = 0.05  # next_hdp_group's balance tolerance
-BUCKET_SLACK = 1.1  # dcp_make_buckets_equal closes a bucket past 1.1 x the target work
+from .megatron_schedule import groups_of, schedule
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A Megatron user's settings, resolved for one batch (module doc)."""
+
+    max_seqlen_per_rank: int
+    recompute: str
+    pad_to_multiple_of: int
+    kind: str
+
+    def stats(self) -> dict:
+        return {
+            "max_seqlen_per_rank": self.max_seqlen_per_rank,
+            "recompute": self.recompute,
+            "pad_to_multiple_of": self.pad_to_multiple_of,
+            "kind": self.kind,
+        }
+
+
+def resolve_settings(
+    batch: Batch,
+    cost: CostModel,
+    *,
+    max_seqlen_per_rank: int | None,
+    recompute: str | None,
+    pad_to_multiple_of: int | None,
+    kind: str | None,
+) -> Settings:
+    """The options checked, with the defaults of the module doc filled in."""
+    _check_options(max_seqlen_per_rank, 1, pad_to_multiple_of, recompute, None)
+    kind = _kind(cost, kind)
+    pad = 2 * cost.cluster.num_gpus if pad_to_multiple_of is None else pad_to_multiple_of
+    if max_seqlen_per_rank is None or recompute is None:
+        longest = max(n for _, n in padded_lengths(batch, pad))  # the scheduler sees these
+        r0, cap0 = _token_cap(cost, longest, kind)
+        pow2 = 1 << (cost.cluster.num_gpus.bit_length() - 1)  # Megatron's widest CP size
+        cap0 = max(cap0, -(-longest // pow2))  # so that Megatron's assertion cannot fire
+        max_seqlen_per_rank = cap0 if max_seqlen_per_rank is None else max_seqlen_per_rank
+        recompute = ("none" if r0 == 0 else "full") if recompute is None else recompute
+    return Settings(max_seqlen_per_rank, recompute, pad, kind)
+
+
+def padded_lengths(batch: Batch, pad: int) -> list[tuple[int, int]]:
+    """[(id, length rounded up to a multiple of pad)] in batch order."""
+    return [(s.id, -(-s.num_tokens // pad) * pad) for s in batch.sequences]
 
 
 def plan_megatron_dynamic_cp(
-    batch: Batch, cost: CostModel, *, seed: int = 0, min_cp_size: int = 1
+    batch: Batch,
+    cost: CostModel,
+    *,
+    seed: int = 0,
+    max_seqlen_per_rank: int | None = None,
+    min_cp_size: int = 1,
+    pad_to_multiple_of: int | None = None,
+    recompute: str | None = None,
+    vpp_group: int | None = None,
+    kind: str | None = None,
 ) -> PlanResult:
-    """Megatron-Core's dynamic CP schedule of `batch` (module doc). `seed` is unused."""
+    """Megatron-Core dev's dynamic CP schedule of `batch` (module doc). `seed` is unused."""
     t0 = time.perf_counter()
-    if isinstance(min_cp_size, bool) or not isinstance(min_cp_size, int) or min_cp_size < 1:
-        raise DcpOptError(f"min_cp_size: {min_cp_size!r} not allowed; allowed: an integer >= 1")
+    _check_options(max_seqlen_per_rank, min_cp_size, pad_to_multiple_of, recompute, vpp_group)
     cost.check_fits(batch)
-    n = cost.cluster.num_gpus
+    st = resolve_settings(
+        batch, cost, max_seqlen_per_rank=max_seqlen_per_rank, recompute=recompute,
+        pad_to_multiple_of=pad_to_multiple_of, kind=kind,
+    )  # fmt: skip
+    steps = schedule(
+        padded_lengths(batch, st.pad_to_multiple_of), cost.cluster.num_gpus,
+        st.max_seqlen_per_rank, min_cp_size=min_cp_size, vpp_group=vpp_group,
+    )  # fmt: skip
+    stats = {"min_cp_size": min_cp_size, "vpp_group": vpp_group}
+    return plan_of_steps(
+        steps, batch, cost, st, planner="megatron_dynamic_cp", started=t0, stats=stats
+    )
+
+
+def plan_of_steps(
+    steps, batch: Batch, cost: CostModel, st: Settings, *, planner: str, started: float,
+    stats: dict | None = None,
+) -> PlanResult:  # fmt: skip
+    """A plan of Megatron's micro-steps (per rank, the ids it holds): one phase each, every
+    CP group's pack one micro-batch at the setting's recompute (module doc)."""
     tokens = {s.id: s.num_tokens for s in batch.sequences}
-    kind = "cp" if "cp" in cost.sp_kinds else "ulysses"  # the kinds the system has
-    r, cap_tokens = _token_cap(cost, max(tokens.values()), kind)
-    sched = _Sched(cost, cap_tokens, min_cp_size)
-    todo = sorted(tokens.items(), key=lambda x: -x[1])  # stable: longest first
-    phases = []
-    while todo:
-        groups, left = sched.micro_step(todo)
-        # each micro-step places a sequence at least (so at most len(tokens) of them)
-        assert len(left) < len(todo), "megatron_dynamic_cp: a micro-step placed nothing"
-        todo = left
-        phases.append([_group(cost, g, tokens, r, kind) for g in _layout(groups, n, cost)])
-    stats = {"max_seqlen_per_rank": cap_tokens, "recompute": r, "micro_steps": len(phases)}
-    return finish(phases, batch, cost, planner="megatron_dynamic_cp", started=t0, stats=stats)
+    r = cost.model.num_layers if st.recompute == "full" else 0
+    oom = [0]
+    phases = [
+        [_group(cost, g, tokens, r, st.kind, oom) for g in layout]
+        for step in steps
+        for layout in _layouts(step, cost, tokens, st.kind)
+    ]
+    stats = {**st.stats(), **(stats or {}), "micro_steps": len(steps), "oom_micro_batches": oom[0]}
+    return finish(phases, batch, cost, planner=planner, started=started, stats=stats)
+
+
+def _check_options(m, min_cp, pad, recompute, vpp) -> None:
+    for name, v, none_ok in (
+        ("max_seqlen_per_rank", m, True),
+        ("min_cp_size", min_cp, False),
+        ("pad_to_multiple_of", pad, True),
+        ("vpp_group", vpp, True),
+    ):
+        if v is None and none_ok:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DcpOptError(f"{name}: {v!r} not allowed; allowed: an integer >= 1")
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise DcpOptError(f"recompute: {recompute!r} not allowed; allowed: {list(RECOMPUTE)}")
+
+
+def _kind(cost: CostModel, kind: str | None) -> str:
+    if kind is None:
+        return "cp" if "cp" in cost.sp_kinds else "ulysses"
+    if kind not in cost.sp_kinds:
+        raise DcpOptError(f"kind: {kind!r} not allowed; allowed: {list(cost.sp_kinds)}")
+    return kind
+
+
+def _layouts(step, cost: CostModel, tokens: dict, kind: str) -> list[list[tuple]]:
+    """The micro-step's CP groups on aligned blocks, largest first: [[(start, size, ids)]],
+    one phase. Power-of-two sizes summing to the ranks fit so on a power-of-two cluster.
+    Where they do not (other clusters: Megatron's sizes are powers of two; or a placement
+    too small for a sequence of its group, on uneven memory, where Megatron runs out of
+    memory), each group gets the least allowed degree >= its size with a placement that
+    holds its longest sequence, first-fit over as many phases as needed (module doc)."""
+    groups = sorted(groups_of(step), key=lambda x: -x[0])  # stable: creation order kept
+    cl = cost.cluster
+    out, start = [], 0
+    for size, ids in groups:
+        if size not in cl.allowed_degrees or start not in cl.placements(size):
+            break
+        if not _holds(cost, tokens, ids, start, size, kind):
+            break
+        out.append((start, size, ids))
+        start += size
+    else:
+        return [out]
+    phases: list[list[tuple]] = []
+    for size, ids in groups:
+        options = [
+            (d, p)
+            for d in cl.allowed_degrees
+            if d >= size or d == cl.allowed_degrees[-1]
+            for p in cl.placements(d)
+            if _holds(cost, tokens, ids, p, d, kind) or d == cl.allowed_degrees[-1]
+        ]
+        for ph in [*phases, []]:
+            busy = {r for s0, d0, _ in ph for r in range(s0, s0 + d0)}
+            free = [(d, p) for d, p in options if busy.isdisjoint(range(p, p + d))]
+            if free:
+                if not ph:
+                    phases.append(ph)
+                ph.append((free[0][1], free[0][0], ids))
+                break
+    return phases
+
+
+def _holds(cost: CostModel, tokens: dict, ids, start: int, size: int, kind: str) -> bool:
+    """Whether the group's longest sequence fits alone at this placement (every layer
+    recomputed, its kind or Ulysses)."""
+    cap, longest = cost.capacity(start, size), float(max(tokens[i] for i in ids))
+    return any(cost.min_recompute(longest, size, cap, kind=k) >= 0 for k in (kind, "ulysses"))
 
 
 def _token_cap(cost: CostModel, longest: int, kind: str) -> tuple[int, int]:
@@ -99,133 +240,17 @@ def _token_cap(cost: CostModel, longest: int, kind: str) -> tuple[int, int]:
     return cost.model.num_layers, max(1, math.ceil(longest / max(cost.cluster.allowed_degrees)))
 
 
-class _Sched:
-    """next_hdp_group over sequences [(id, tokens)] sorted longest first."""
-
-    def __init__(self, cost: CostModel, cap_tokens: int, min_cp: int):
-        self.n, self.cap, self.min_cp = cost.cluster.num_gpus, cap_tokens, min_cp
-        self.allowed = cost.cluster.allowed_degrees
-        self.cost, self._need = cost, {}
-
-    def needed(self, s: int) -> int:
-        if s not in self._need:
-            raw = max(1, 2 ** math.ceil(math.log2(s / self.cap)))  # dcp_gpus_needed
-            want = max(self.min_cp, raw, self._fits_from(s))
-            self._need[s] = min((d for d in self.allowed if d >= want), default=self.allowed[-1])
-        return self._need[s]
-
-    def _fits_from(self, s: int) -> int:
-        """The smallest degree whose weakest placement holds s tokens (Ulysses, every layer
-        recomputed): the token cap is a proxy that uneven memory can break (module doc)."""
-        for d in self.allowed:
-            cap = min(self.cost.capacity(p, d) for p in self.cost.cluster.placements(d))
-            if self.cost.min_recompute(s, d, cap) >= 0 or d == self.allowed[-1]:
-                return d
-        return self.allowed[-1]
-
-    def work(self, s: int) -> float:
-        return s * s / self.needed(s)  # dcp_get_total_workload
-
-    def buckets(self, seqs) -> list[deque]:
-        """dcp_make_buckets_equal: about equal work, one bucket per distinct CP size."""
-        k = len({self.needed(s) for _, s in seqs})
-        target = sum(self.work(s) for _, s in seqs) / k
-        out, cur, cur_work, left = [], [], 0.0, k
-        for i, (sid, s) in enumerate(seqs):
-            w = self.work(s)
-            if cur and (cur_work + w > target * BUCKET_SLACK or len(seqs) - i <= left - len(out)):
-                out.append(deque(cur))
-                cur, cur_work, left = [], 0.0, left - 1
-            cur.append((sid, s))
-            cur_work += w
-        if cur:
-            out.append(deque(cur))
-        return out
-
-    def micro_step(self, seqs):
-        """One micro-step: ([(size, [ids])] groups in creation order, sequences left)."""
-        buckets = self.buckets(seqs)
-        load = [0.0] * self.n
-        owner: list[int | None] = [None] * self.n
-        groups: list[dict] = []
-        first = None
-        balance = False
-        while buckets:
-            pick = self._pick(buckets, groups, owner)
-            if pick is None:
-                break
-            b, (sid, s) = pick
-            need = self.needed(s)
-            first = need if first is None else first
-            g = self._place(s, need, groups, owner, load)
-            if g is None:
-                break
-            g["ids"].append(sid)
-            g["packed"] += s / need
-            for r in g["members"]:
-                load[r] += self.work(s)
-            buckets[b].popleft()
-            while buckets and not buckets[0]:
-                buckets.pop(0)
-            balance = balance or need < first
-            if balance and buckets and max(load) - min(load) <= DELTA * max(load):
-                break
-        left = [x for b in buckets for x in b]
-        return [(g["size"], g["ids"]) for g in groups], left
-
-    def _pick(self, buckets, groups, owner):
-        for b, bucket in enumerate(buckets):
-            if not bucket:
-                continue
-            need = self.needed(bucket[0][1])
-            if any(g["size"] == need for g in groups) or self._free_block(need, owner) is not None:
-                return b, bucket[0]
-        return None
-
-    def _place(self, s, need, groups, owner, load):
-        fits = [g for g in groups if g["size"] == need and g["packed"] + s / need <= self.cap]
-        start = self._free_block(need, owner)
-        if start is not None:  # free ranks carry no work: a new group beats any existing one
-            g = {"size": need, "members": range(start, start + need), "ids": [], "packed": 0.0}
-            for r in g["members"]:
-                owner[r] = len(groups)
-            groups.append(g)
-            return g
-        if not fits:
-            return None
-        return min(fits, key=lambda g: max(load[r] for r in g["members"]))
-
-    def _free_block(self, need: int, owner) -> int | None:
-        for start in range(0, self.n - need + 1, need):
-            if all(owner[r] is None for r in range(start, start + need)):
-                return start
-        return None
-
-
-def _layout(groups, n: int, cost: CostModel) -> list[tuple[int, int, list[int]]]:
-    """fill_empty_gpus: double the first smallest group while ranks are empty, then place the
-    groups on aligned blocks, largest first: [(start, size, ids)]."""
-    sizes = [size for size, _ in groups]
-    allowed = cost.cluster.allowed_degrees
-    while sum(sizes) < n:
-        k = sizes.index(min(sizes))
-        bigger = min((d for d in allowed if d > sizes[k]), default=None)
-        if bigger is None or sum(sizes) - sizes[k] + bigger > n:
-            break
-        sizes[k] = bigger
-    out, start = [], 0
-    for k in sorted(range(len(groups)), key=lambda k: -sizes[k]):
-        out.append((start, sizes[k], groups[k][1]))
-        start += sizes[k]
-    return out
-
-
-def _group(cost: CostModel, g, tokens: dict, r: int, kind: str) -> Group:
-    """The group's pack as one micro-batch, at max(r, its fewest layers that fit); where it
-    fits under no recompute, its sequences in order as a chain of micro-batches that fit
-    (Megatron would run out of memory: module doc). Ulysses where cp never fits."""
+def _group(cost: CostModel, g, tokens: dict, r: int, kind: str, oom: list) -> Group:
+    """The group's pack as one micro-batch at r recomputed layers. Where Megatron would run
+    out of memory (the pack needs more than r; counted in oom[0]): the fewest layers that
+    fit, else its sequences in order as a chain of micro-batches that fit; Ulysses where
+    `kind` never fits (module doc)."""
     start, size, ids = g
     cap = cost.capacity(start, size)
+    need = int(cost.min_recompute(float(sum(tokens[i] for i in ids)), size, cap, kind=kind))
+    if 0 <= need <= r:
+        return Group(start, size, (MicroBatch(tuple(ids), r),), kind)
+    oom[0] += 1
     for k in dict.fromkeys((kind, "ulysses")):
         mbs = _fitting_chain(cost, ids, tokens, size, cap, r, k)
         if mbs is not None:
