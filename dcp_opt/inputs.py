@@ -16,13 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, cluster_preset
+from .cluster import MAX_GPUS, Cluster, cluster_preset  # noqa: F401 (MAX_GPUS: re-exported)
 from .cost import CostModel
-from .errors import DcpOptError, loads_json
+from .errors import DcpOptError, loads_json, read_text
 from .model import ModelSpec, model_preset
-
-# A bigger cluster is a typo, and planning for it would not finish (batches scale with it).
-MAX_GPUS = 1 << 16
 
 
 def load_model(arg: str) -> ModelSpec:
@@ -47,15 +44,9 @@ def load_cluster(arg: str) -> Cluster:
     d.setdefault("name", Path(arg).stem)
     where = f"cluster file {Path(arg).name}"
     try:
-        cluster = Cluster.from_dict(d)  # it checks every field's type and range
+        return Cluster.from_dict(d)  # it checks every field's type and range, GPUs capped
     except (DcpOptError, TypeError, ValueError) as e:
         raise DcpOptError(f"{where}: {e}") from None
-    if cluster.num_gpus > MAX_GPUS:
-        raise DcpOptError(
-            f"{where}: cluster.num_nodes x gpus_per_node: {cluster.num_gpus} GPUs; "
-            f"at most {MAX_GPUS}"
-        )
-    return cluster
 
 
 def cost_model(
@@ -118,13 +109,7 @@ def _preset(lookup, name: str):
 def _read_object(path: str, key: str) -> dict:
     """The JSON object in `path`; `{key: {...}}` is unwrapped (a profile's model section)."""
     name = Path(path).name
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise DcpOptError(f"{key} file {name}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise DcpOptError(f"{key} file {name}: not UTF-8 text (byte {e.start})") from None
-    d = loads_json(text, f"{key} file {name}")
+    d = loads_json(read_text(path, f"{key} file {name}"), f"{key} file {name}")
     if isinstance(d, dict) and isinstance(d.get(key), dict):
         d = d[key]
     if not isinstance(d, dict):
