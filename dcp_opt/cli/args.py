@@ -1,0 +1,84 @@
+"""Argument types of the `dcp-opt` command line: integers in a range, one-line errors.
+
+Every count or size an option takes is capped: a value past the cap is a typo or would not
+finish (`--tokens-per-gpu 10000000000000` drew sequences for ever, `--dpi 100000` asked for a
+gigapixel image). argparse turns the ArgumentTypeError into `dcp-opt: error: argument ...`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cluster import MAX_GPUS
+from ..errors import MAX_SEED, DcpOptError
+from ..workloads import MAX_TOKENS_PER_GPU
+
+MAX_BATCHES = 10_000  # seeds per workload (bench), sampled batches (whatif)
+MAX_EPOCH_BATCHES = 1_000  # an epoch of 1,000 x 2M tokens: ~620K sequences of 1d-short
+MAX_WORKERS = 1024
+MAX_DPI = 600  # a 14 x 30 inch Gantt chart at 600 dpi is already 150 Mpx
+MIN_DPI = 10
+
+
+def _split(text: str | None) -> tuple[str, ...] | None:
+    """Comma-separated values, blanks dropped (None stays None)."""
+    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def int_in(low: int, high: int, what: str = "an integer"):
+    """An argparse type: an integer in [low, high] (decimal digits only, as typed)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if not digits.isdigit() or len(digits) > 20:
+            raise argparse.ArgumentTypeError(
+                f"must be {what} in [{low}, {high}], got {text[:40]!r}"
+            )
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {what} in [{low}, {high}], got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+seed = int_in(0, MAX_SEED)
+tokens_per_gpu = int_in(1, MAX_TOKENS_PER_GPU)
+batches = int_in(1, MAX_BATCHES)
+epoch_batches = int_in(1, MAX_EPOCH_BATCHES)
+workers = int_in(1, MAX_WORKERS)
+dpi = int_in(MIN_DPI, MAX_DPI)
+gpus = int_in(1, MAX_GPUS)
+former_shift = int_in(0, 64)  # steps a sample may move (the step former's K)
+
+
+# ---- --sp-kinds (plan, simulate, show, bench, whatif) -----------------------------------------
+def _add_sp_kinds(p: argparse.ArgumentParser, *, note: str = "", default="ulysses") -> None:
+    p.add_argument(
+        "--sp-kinds",
+        default=default,
+        metavar="KINDS",
+        help="SP kinds a group may take: ulysses (default) or ulysses,cp (all-gather-KV "
+        f"context parallelism, 1D models; the planners choose per group){note}",
+    )
+
+
+def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[str, ...]:
+    """--sp-kinds as CostModel.sp_kinds; one-line errors naming the flag and the values."""
+    from ..cp_cost import SP_KINDS
+
+    kinds = _split(args.sp_kinds) or ()
+    if (
+        any(k not in SP_KINDS for k in kinds)
+        or "ulysses" not in kinds
+        or len(set(kinds)) < len(kinds)
+    ):
+        raise DcpOptError(
+            f"--sp-kinds: {args.sp_kinds!r} not allowed; allowed: 'ulysses' or 'ulysses,cp'"
+        )
+    if "cp" in kinds and input_kind == "2d":
+        raise DcpOptError(
+            "--sp-kinds: 'cp' not allowed for 2d (video) inputs; allowed: 'ulysses' (cp is "
+            "for 1D causal models)"
+        )
+    return tuple(kinds)
