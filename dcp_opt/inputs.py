@@ -103,7 +103,8 @@ def _preset(lookup, name: str):
     try:
         return lookup(name)
     except DcpOptError as e:
-        raise DcpOptError(f"{e} or a JSON file") from None
+        hint = " or a JSON file" if "unknown preset" in str(e) else ""
+        raise DcpOptError(f"{e}{hint}") from None
 
 
 def _read_object(path: str, key: str) -> dict:

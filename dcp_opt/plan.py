@@ -300,10 +300,15 @@ def fingerprint_differences(plan: Plan, batch: Batch, cost: CostModel) -> list[s
     Empty when nothing can be told."""
     now = fingerprint_inputs(batch, cost)
     if plan.fingerprint_inputs:
+        differ = [k for k, v in plan.fingerprint_inputs.items() if now.get(k) != v]
+        derived = {plan.fingerprint_inputs.get("coefficients", ""), now["coefficients"]}
+        if all(c.startswith("flops #") for c in derived) and {"model", "cluster"} & set(differ):
+            differ = [
+                k for k in differ if k != "coefficients"
+            ]  # FLOP coefficients follow the model and cluster
         out = [
-            f"{k}: plan made for {v!r}, inputs give {now.get(k, '')!r}"
-            for k, v in plan.fingerprint_inputs.items()
-            if now.get(k) != v
+            f"{k}: plan made for {plan.fingerprint_inputs[k]!r}, inputs give {now.get(k, '')!r}"
+            for k in differ
         ]
         return out or [
             "the recorded inputs agree with these: the difference is in a part of the cost "

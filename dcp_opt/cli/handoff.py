@@ -84,7 +84,9 @@ def print_violations(violations: list, plan: Plan, batch: Batch, cost: CostModel
     if "FINGERPRINT_MISMATCH" in codes:
         diffs = fingerprint_differences(plan, batch, cost)
         recorded = "" if plan.fingerprint_inputs else " (the plan records no inputs)"
-        note(f"the plan was made for other inputs{recorded}: " + ("; ".join(diffs) or "unknown"))
+        note(f"the plan was made for other inputs{recorded}:" + ("" if diffs else " unknown"))
+        for line in diffs:
+            print(f"  {line}", file=sys.stderr)
         note(
             "pass the inputs it was planned with (--model, --cluster, --optimizer-sharding, "
             "--sp-kinds, --profile, the same batch), or --ignore-fingerprint to judge it on "
