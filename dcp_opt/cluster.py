@@ -379,5 +379,6 @@ def _check_preset_size(name: str) -> None:
                 )
         elif name.startswith(prefix) and count.isdigit():
             raise DcpOptError(
-                f"cluster: preset {name[:40]!r}...: too many GPUs; at most {MAX_GPUS}"
+                f"cluster: preset {name[:40]!r}... has a {len(count)}-digit GPU count; at most "
+                f"{MAX_GPUS} GPUs"
             )

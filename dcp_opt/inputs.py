@@ -24,7 +24,7 @@ from .model import ModelSpec, model_preset
 
 def load_model(arg: str) -> ModelSpec:
     """A model preset, or a ModelSpec JSON file (`name` defaults to the file's stem)."""
-    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
+    if not _is_file(arg):
         return _preset(model_preset, arg)
     d = _read_object(arg, "model")
     d.setdefault("name", Path(arg).stem)
@@ -38,7 +38,7 @@ def load_model(arg: str) -> ModelSpec:
 
 def load_cluster(arg: str) -> Cluster:
     """A cluster preset, or a Cluster JSON file (`name` defaults to the file's stem)."""
-    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
+    if not _is_file(arg):
         return _preset(cluster_preset, arg)
     d = _read_object(arg, "cluster")
     d.setdefault("name", Path(arg).stem)
@@ -97,6 +97,15 @@ def _named(path: str, fn, *args, **kw):
     except DcpOptError as e:
         name = Path(path).name
         raise DcpOptError(str(e) if name in str(e) else f"profile {name}: {e}") from None
+
+
+def _is_file(arg: str) -> bool:
+    """Whether `arg` names an existing path ("" is the current folder, not a file; a name too
+    long for the OS, e.g. a 400-digit preset, is no file either)."""
+    try:
+        return bool(arg) and Path(arg).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _preset(lookup, name: str):

@@ -71,7 +71,7 @@ class ModelSpec:
         require(
             p is None or (is_real(p) and 0 < p < 1e30),
             "model.num_params",
-            f"must be a finite number > 0 (below 1e30) or null, got {_short(p)}",
+            f"must be a finite number > 0 or null (below 1e30), got {_short(p)}",
         )
         require(
             self.hidden % self.num_heads == 0,

@@ -41,9 +41,16 @@ def flush_defaults() -> None:
     _DEFAULTS.clear()
 
 
-def defaults_suffix() -> str:
-    """` (with --model not given: ...)` for an error line, and forget them."""
-    out = f" (with {'; '.join(_DEFAULTS)})" if _DEFAULTS else ""
+def defaults_suffix(error: Exception | None = None) -> str:
+    """` (with --model not given: ...)` for the line of an error that depends on the model (a
+    sequence that fits nowhere: InfeasibleError), and forget them."""
+    from ..errors import InfeasibleError
+
+    out = (
+        f" (with {'; '.join(_DEFAULTS)})"
+        if _DEFAULTS and isinstance(error, InfeasibleError)
+        else ""
+    )
     _DEFAULTS.clear()
     return out
 

@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         handoff.flush_defaults()
         return rc
     except DcpOptError as e:
-        print(f"{PROG}: error: {one_line(str(e))}{handoff.defaults_suffix()}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(str(e))}{handoff.defaults_suffix(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (KeyboardInterrupt, SystemExit):
         raise
