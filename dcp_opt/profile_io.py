@@ -49,6 +49,12 @@ _LAYER_FIELDS = (
 _TERM_FIELDS = tuple(f.name for f in fields(TermCoeffs))
 
 
+# Every number of a profile (seconds, bytes, bytes/s, counts) is at most this: 1e15 seconds or
+# bytes per unit is no measurement, and a coefficient of 1e308 overflowed the step times to
+# inf/NaN (greedy then failed or ran for ever; fuzz, issue 29).
+MAX_NUMBER = 1e15
+
+
 class ProfileError(DcpOptError):
     """A profile file that cannot be used: unreadable, malformed, or for another model."""
 
@@ -402,8 +408,12 @@ def _number(d: dict, key: str, where: str, *, integer: bool = False) -> float:
     # is_real: no bool, no NaN, no integer past float range (a 400-digit number); an
     # integer field takes integers only (2.0 is not 2)
     ok = (isinstance(v, int) and not isinstance(v, bool) and v < 2**31) if integer else is_real(v)
-    if not ok or v < 0:
-        want = "an integer >= 0 (below 2**31)" if integer else "a finite number >= 0"
+    if not ok or not 0 <= v <= MAX_NUMBER:
+        want = (
+            "an integer >= 0 (below 2**31)"
+            if integer
+            else f"a finite number >= 0 (at most {MAX_NUMBER:g})"
+        )
         raise ProfileError(f"{where}.{key}: must be {want}, got {short_repr(v)}")
     return int(v) if integer else float(v)
 

@@ -281,3 +281,17 @@ def test_model_spec_fields_refuse_bools():
         ModelSpec.from_dict({**MODEL, "dtype_bytes": True})
     with pytest.raises(DcpOptError, match="model.num_params"):
         ModelSpec.from_dict({**MODEL, "num_params": 10**400})
+
+
+@pytest.mark.parametrize("key", ["quad", "lin"])
+def test_a_profile_coefficient_of_1e308_is_refused(tmp_path, key):
+    # found by the extreme-input fuzzer: step times overflowed, and greedy raised IndexError
+    # (lin) or ran for ever (microbatch_overhead_s)
+    from dcp_opt.profile_io import ProfileError, load_profile
+    from tests.fuzzing import profile_base
+
+    doc = profile_base()
+    doc["coefficients"]["blocks"]["layer"]["fwd"][key] = 1e308
+    p = _file(tmp_path, "p.json", json.dumps(doc))
+    with pytest.raises(ProfileError, match=f"fwd.{key}: must be a finite number >= 0 .at most 1e"):
+        load_profile(p)
