@@ -190,7 +190,7 @@ def test_a_profile_number_past_float_range_is_refused(tmp_path):
     from dcp_opt.profile_io import ProfileError, load_profile
     from tests.fuzzing import profile_base
 
-    doc = profile_base()
+    doc = json.loads(json.dumps(profile_base()))  # a copy: profile_base() is cached
     doc["coefficients"]["microbatch_overhead_s"] = 123456.5
     p = _file(tmp_path, "p.json", json.dumps(doc).replace("123456.5", "9" * 400))
     with pytest.raises(ProfileError, match="microbatch_overhead_s: must be a finite number"):
@@ -201,7 +201,7 @@ def test_a_profile_of_zeros_is_refused(tmp_path):
     from dcp_opt.profile_io import ProfileError, load_profile
     from tests.fuzzing import profile_base
 
-    doc = profile_base()
+    doc = json.loads(json.dumps(profile_base()))  # a copy: profile_base() is cached
     for block in doc["coefficients"]["blocks"].values():
         for part in block.values():
             part.update(dict.fromkeys(part, 0.0))
@@ -290,7 +290,7 @@ def test_a_profile_coefficient_of_1e308_is_refused(tmp_path, key):
     from dcp_opt.profile_io import ProfileError, load_profile
     from tests.fuzzing import profile_base
 
-    doc = profile_base()
+    doc = json.loads(json.dumps(profile_base()))  # a copy: profile_base() is cached
     doc["coefficients"]["blocks"]["layer"]["fwd"][key] = 1e308
     p = _file(tmp_path, "p.json", json.dumps(doc))
     with pytest.raises(ProfileError, match=f"fwd.{key}: must be a finite number >= 0 .at most 1e"):
