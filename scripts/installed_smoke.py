@@ -34,9 +34,9 @@ VERBS: list[tuple[str, list[str]]] = [
     ("show", ["show", "plan.json", *COMMON, "--out", "plan.png"]),
     # every planner on every standard workload, one batch each, on one node
     ("bench --batches 1", ["bench", "--batches", "1", "--cluster", "h200x8", "--no-progress",
-                           "--tokens-per-gpu", "16384", "--time-limit", "2"]),
+                           "--tokens-per-gpu", "8192", "--time-limit", "0.5"]),
     ("bench --stream --quick", ["bench", "--stream", "--quick", "--cluster", "h200x8",
-                                "--workloads", "2d-short,1d-short", "--epoch-batches", "2",
+                                "--workloads", "2d-short,1d-short", "--epoch-batches", "1",
                                 "--no-progress"]),
     ("bench --stream --quick --lengths", ["bench", "--stream", "--quick", "--lengths",
                                           "lengths.txt", "--cluster", "h200x8", "--no-progress"]),
