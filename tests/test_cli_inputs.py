@@ -266,6 +266,8 @@ def test_a_seed_past_32_bits_is_refused(tmp_path, capsys):
         ["whatif", "--lengths", "L", "--gpus", "8,100000000"],
         ["whatif", "--lengths", "L", "--sweep-batches", "99999999"],
         ["plan", "--workload", "1d-short", "--workers", "100000"],
+        ["whatif", "--lengths", "L", "--seed", str(2**64)],  # cpsat failed on every batch, exit 0
+        ["bench", "--seed", str(2**31 - 1), "--batches", "2"],
     ],
 )
 def test_huge_option_values_are_refused_at_once(tmp_path, capsys, argv):

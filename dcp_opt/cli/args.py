@@ -82,3 +82,13 @@ def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[
             "for 1D causal models)"
         )
     return tuple(kinds)
+
+
+def check_seed(seed: int | None, count: int = 1) -> None:
+    """The seeds seed .. seed + count - 1 reach the planners (CP-SAT takes 32 bits): refuse a
+    larger one here, as the planners would (a negative one: the library says so)."""
+    if seed is not None and seed + count - 1 > MAX_SEED:
+        raise DcpOptError(
+            f"seed: must be an integer in [0, {MAX_SEED}] (2**31 - 1; with --batches "
+            f"{count}: at most {MAX_SEED - count + 1}), got {seed}"
+        )

@@ -111,6 +111,7 @@ def _add_stream_args(p) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    types.check_seed(args.seed, 1 if args.stream else args.batches)
     if args.stream:
         return cmd_stream(args)
     if args.lengths or args.histogram:

@@ -428,6 +428,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     from ..analysis.whatif import WhatIfConfig, run_whatif
     from ..analysis.whatif_display import recommendation, render_tables, save_whatif_png
 
+    types.check_seed(args.seed)  # the planners get it as it is
     dist = load_distribution(args)
     cluster = load_cluster(args.cluster)
     cost = cost_model(
