@@ -42,13 +42,31 @@ def int_in(low: int, high: int, what: str = "an integer"):
     return parse
 
 
-seed = int_in(0, MAX_SEED)
-tokens_per_gpu = int_in(1, MAX_TOKENS_PER_GPU)
-batches = int_in(1, MAX_BATCHES)
-epoch_batches = int_in(1, MAX_EPOCH_BATCHES)
-workers = int_in(1, MAX_WORKERS)
-dpi = int_in(MIN_DPI, MAX_DPI)
-gpus = int_in(1, MAX_GPUS)
+def at_most(high: int):
+    """An argparse type: an integer at most `high`. The lower bound is the library's to check
+    (its message names the field as the Python API does: `num_batches: must be >= 1`)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if not digits.isdigit() or len(digits) > 20:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer, at most {high}, got {text[:40]!r}"
+            )
+        value = int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer, at most {high}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+tokens_per_gpu = at_most(MAX_TOKENS_PER_GPU)
+batches = at_most(MAX_BATCHES)
+epoch_batches = at_most(MAX_EPOCH_BATCHES)
+workers = at_most(MAX_WORKERS)
+gpus = at_most(MAX_GPUS)
+dpi = int_in(MIN_DPI, MAX_DPI)  # matplotlib's own errors for 0 or -1 are no one-line message
 former_shift = int_in(0, 64)  # steps a sample may move (the step former's K)
 
 

@@ -134,6 +134,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         planner_options={"time_limit_s": args.time_limit},
     )
     make_cost = _bench_costs(args)
+    _profile_warning(args)
     with _progress(disabled=args.no_progress) as (on_start, on_done):
         doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
     doc["config"]["profile"] = args.profile
@@ -218,6 +219,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
 
     config = stream_config(args)
     make_cost = _bench_costs(args)
+    _profile_warning(args)
     own = args.lengths or args.histogram
     if own and args.workloads:
         raise DcpOptError("--workloads: not with --lengths/--histogram (the epoch is yours)")
@@ -245,6 +247,14 @@ def cmd_stream(args: argparse.Namespace) -> int:
     if args.json:
         _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     return 0
+
+
+def _profile_warning(args: argparse.Namespace) -> None:
+    if args.profile:
+        from ..inputs import load_cluster
+        from .handoff import profile_warning
+
+        profile_warning(args.profile, load_cluster(args.cluster))
 
 
 def _bench_costs(args: argparse.Namespace):

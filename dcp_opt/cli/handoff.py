@@ -75,6 +75,24 @@ def model_choice(args: argparse.Namespace, recorded: dict, kind: str, default: s
     return default
 
 
+def cluster_choice(given: str | None, recorded: dict, default: str) -> str:
+    """`--cluster` as given, else the preset a plan records (said), else `default`."""
+    from ..cluster import cluster_preset
+
+    if given is not None:
+        return given
+    name = recorded.get("cluster", "").split(" #")[0]
+    if name:
+        try:
+            cluster_preset(name)
+        except DcpOptError:
+            name = ""
+    if name and name != default:
+        said_default(f"--cluster not given: {name}, as the plan records")
+        return name
+    return default
+
+
 def print_violations(violations: list, plan: Plan, batch: Batch, cost: CostModel) -> None:
     """The first MAX_VIOLATION_LINES violations, a count per code of the rest, what differs
     when the fingerprint does not match, and the hint for a cp plan simulated without cp."""

@@ -42,7 +42,7 @@ from . import args as types
 from . import handoff
 from .args import _add_sp_kinds, _sp_kinds, _split
 from .bench import add_bench_parser
-from .handoff import model_choice, note, print_violations, profile_warning
+from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
 from .profile import add_profile_parser
 
 PROG = "dcp-opt"
@@ -108,7 +108,7 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     arguments leave out is what the plan records: its optimizer sharding, its SP kinds, and
     its model and cluster where those are presets (each default used is printed)."""
     recorded = plan.fingerprint_inputs if plan is not None else {}
-    cluster = load_cluster(_recorded_preset(args.cluster, recorded, "cluster", DEFAULT_CLUSTER))
+    cluster = load_cluster(cluster_choice(args.cluster, recorded, DEFAULT_CLUSTER))
     if args.lengths is not None:
         batch = load_batch(args.lengths)
     else:
@@ -139,24 +139,6 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     return batch, cost
 
 
-def _recorded_preset(given: str | None, recorded: dict, key: str, default: str) -> str:
-    """`given`, else the preset name the plan records for `key` (printed), else `default`."""
-    from ..cluster import cluster_preset
-
-    if given is not None:
-        return given
-    name = recorded.get(key, "").split(" #")[0]
-    if name:
-        try:
-            cluster_preset(name)
-        except DcpOptError:
-            name = ""
-    if name and name != default:
-        handoff.said_default(f"--{key} not given: {name}, as the plan records")
-        return name
-    return default
-
-
 def _write(path: str, text: str, field: str) -> None:
     try:
         Path(path).write_text(text)
@@ -166,9 +148,6 @@ def _write(path: str, text: str, field: str) -> None:
 
 def _read_plan(path: str) -> Plan:
     return Plan.from_json(read_text(path, f"plan file {path!r}"))
-
-
-_note = note
 
 
 # ---- plan --------------------------------------------------------------------------------------
@@ -193,10 +172,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         fn, time_limit_s=args.time_limit, seed=args.seed, num_workers=args.workers
     )
     for name in ignored:
-        _note(f"note: planner {args.planner!r} takes no {name}; ignored")
+        note(f"note: planner {args.planner!r} takes no {name}; ignored")
     res = fn(batch, cost, **kwargs)
     if not res.ok:
-        _note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
+        note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
         return EXIT_FAILED
     sim = simulate(res.plan, batch, cost)
     summary = plan_summary(res, sim, batch, cost)
@@ -467,7 +446,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for line in recommendation(doc):
         print(line)
     for line in doc["warnings"]:
-        _note(line)
+        note(line)
     if args.json:
         _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     if args.plot:
