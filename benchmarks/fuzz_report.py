@@ -2,10 +2,15 @@
 
     .venv/bin/python benchmarks/fuzz_report.py --examples 2000 --json fuzz_report.json
 
-For each input (plan JSON, lengths file, profile JSON, CLI arguments) the JSON holds the cases
-tried, how many were accepted, rejected with a clear error, or unhandled (must be 0), the
-distinct unhandled errors with one example each, and the wall time. Exit status 1 if any case
-was unhandled. The cases and the runner are tests/fuzzing.py (shared with tests/test_fuzz.py).
+For each input (plan JSON, lengths file, profile JSON, CLI arguments, extreme inputs through
+the CLI) the JSON holds the cases tried, how many were accepted, rejected with a clear error, or
+unhandled (mishandled: must be 0), the distinct unhandled errors with one example each, and the
+wall time; for extreme inputs also the same counts per kind (`kinds`: extreme finite values,
+other encodings, bools and floats as integers, huge GPU counts, huge option values, giant
+plans; tests/fuzz_extreme.py says what counts as mishandled: a traceback, exit 3, a hang, a
+runaway in memory or output, or a case that must be refused accepted). Exit status 1 if any
+case was unhandled. The cases and the runner are tests/fuzzing.py (shared with
+tests/test_fuzz.py).
 """
 
 from __future__ import annotations
@@ -22,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import seed as hyp_seed  # noqa: E402
 
-from tests.fuzzing import ALL_TARGETS, TARGETS, attempt  # noqa: E402
+from tests.fuzzing import ALL_TARGETS, KIND_OF, TARGETS, attempt  # noqa: E402
 
-REPORT_SCHEMA = "dcp_opt.fuzz_report/1"
+REPORT_SCHEMA = "dcp_opt.fuzz_report/2"  # 2: per-kind counts (`kinds`), `mishandled` totals
 
 
 def fuzz_one(name: str, examples: int, seed: int) -> dict:
@@ -32,6 +37,8 @@ def fuzz_one(name: str, examples: int, seed: int) -> dict:
     counts: Counter[str] = Counter()
     unhandled: dict[str, dict] = {}
     rejections: Counter[str] = Counter()
+    kind_of = KIND_OF.get(name)
+    kinds: dict[str, Counter] = {}
 
     @hyp_seed(seed)
     @settings(
@@ -45,6 +52,8 @@ def fuzz_one(name: str, examples: int, seed: int) -> dict:
     def body(case):
         out = attempt(run, case)
         counts[out.kind] += 1
+        if kind_of is not None:
+            kinds.setdefault(kind_of(case), Counter())[out.kind] += 1
         if out.kind == "unhandled":
             entry = unhandled.setdefault(
                 out.detail[:160], {"count": 0, "example": repr(case)[:400]}
@@ -55,6 +64,15 @@ def fuzz_one(name: str, examples: int, seed: int) -> dict:
 
     started = time.perf_counter()
     body()
+    per_kind = {
+        k: {
+            "cases": sum(c.values()),
+            "accepted": c["accepted"],
+            "rejected": c["rejected"],
+            "mishandled": c["unhandled"],
+        }
+        for k, c in sorted(kinds.items())
+    }
     return {
         "cases": sum(counts.values()),
         "accepted": counts["accepted"],
@@ -63,6 +81,7 @@ def fuzz_one(name: str, examples: int, seed: int) -> dict:
         "unhandled_errors": [{"error": k, **v} for k, v in unhandled.items()],
         "top_rejections": dict(rejections.most_common(12)),
         "wall_s": round(time.perf_counter() - started, 2),
+        **({"kinds": per_kind} if kind_of is not None else {}),
     }
 
 
@@ -96,11 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         report["inputs"][name] = r = fuzz_one(name, args.examples, args.seed)
         print(
-            f"{name:13s} {r['cases']:6d} cases: {r['accepted']:6d} accepted, "
+            f"{name:14s} {r['cases']:6d} cases: {r['accepted']:6d} accepted, "
             f"{r['rejected']:6d} rejected, {r['unhandled']:3d} unhandled  ({r['wall_s']:.1f} s)"
         )
+        for kind, k in r.get("kinds", {}).items():
+            print(
+                f"  {kind:14s} {k['cases']:5d} cases: {k['accepted']:5d} accepted, "
+                f"{k['rejected']:5d} rejected, {k['mishandled']:3d} mishandled"
+            )
     report["total_cases"] = sum(r["cases"] for r in report["inputs"].values())
     report["total_unhandled"] = sum(r["unhandled"] for r in report["inputs"].values())
+    report["total_mishandled"] = report["total_unhandled"]  # the issue's word for the same
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     print(
         f"total {report['total_cases']} cases, {report['total_unhandled']} unhandled -> {args.json}"

@@ -14,10 +14,15 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import DcpOptError, require
+from .errors import DcpOptError, is_int, require
+from .errors import short_repr as _short
 
 # Costs square token counts in float64: 2**53 tokens (exact in a float) squared stays finite.
 MAX_TOKENS = 2**53
+# Sequences in one global batch: a 5,000,000-sequence batch took 2 min and 6.9 GB to plan
+# (issue 29); 2**20 plan in under a minute within ~1.5 GB. A bigger one is refused with how to
+# split it (one optimizer step per part).
+MAX_SEQUENCES = 2**20
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,9 @@ class Sequence:
 
     def __post_init__(self) -> None:
         require(
-            isinstance(self.id, int) and self.id >= 0,
+            is_int(self.id) and self.id >= 0,
             "sequence.id",
-            f"must be an integer >= 0, got {self.id!r}",
+            f"must be an integer >= 0, got {_short(self.id)}",
         )
         require(
             len(self.shape) in (1, 3),
@@ -37,14 +42,15 @@ class Sequence:
             f"must be (length,) or (frames, height, width), got {self.shape!r}",
         )
         require(
-            all(isinstance(x, int) and x >= 1 for x in self.shape),
+            all(is_int(x) and x >= 1 for x in self.shape),
             f"sequence {self.id}.shape",
-            f"every entry must be an integer >= 1, got {self.shape!r}",
+            f"every entry must be an integer >= 1, got {_short(self.shape)}",
         )
         require(
             self.num_tokens <= MAX_TOKENS,
             f"sequence {self.id}.shape",
-            f"{self.num_tokens} tokens is more than the {MAX_TOKENS} (2**53) dcp_opt can cost",
+            f"{_short(self.num_tokens)} tokens is more than the {MAX_TOKENS} (2**53) dcp_opt "
+            "can cost",
         )
 
     @property
@@ -72,6 +78,7 @@ class Batch:
 
     def __post_init__(self) -> None:
         require(len(self.sequences) > 0, "batch", "is empty; give at least one sequence")
+        check_num_sequences(len(self.sequences))
         ids = [s.id for s in self.sequences]
         require(len(set(ids)) == len(ids), "batch", "sequence ids must be unique")
         kinds = {s.kind for s in self.sequences}
@@ -81,8 +88,8 @@ class Batch:
     def from_lengths(cls, lengths: Iterable[int]) -> Batch:
         out = []
         for i, n in enumerate(lengths):
-            if not isinstance(n, (int, np.integer)) or n < 1:
-                raise DcpOptError(f"length[{i}]: must be an integer >= 1, got {n!r}")
+            if not (is_int(n) or isinstance(n, np.integer)) or n < 1:
+                raise DcpOptError(f"length[{i}]: must be an integer >= 1, got {_short(n)}")
             out.append(Sequence(i, (int(n),)))
         return cls(tuple(out))
 
@@ -90,12 +97,15 @@ class Batch:
     def from_shapes(cls, shapes: Iterable[SeqABC[int]]) -> Batch:
         out = []
         for i, s in enumerate(shapes):
-            s = tuple(int(x) for x in s)
-            if len(s) != 3 or min(s) < 1:
+            s = tuple(s)
+            # exact: 1.9 is not 1, True is not 1 (numpy integers are integers)
+            if len(s) != 3 or not all(
+                (is_int(x) or isinstance(x, np.integer)) and x >= 1 for x in s
+            ):
                 raise DcpOptError(
-                    f"shape[{i}]: must be 3 integers >= 1 (frames,height,width), got {s!r}"
+                    f"shape[{i}]: must be 3 integers >= 1 (frames,height,width), got {_short(s)}"
                 )
-            out.append(Sequence(i, s))
+            out.append(Sequence(i, tuple(int(x) for x in s)))
         return cls(tuple(out))
 
     @property
@@ -140,14 +150,32 @@ class Batch:
 
     @classmethod
     def from_dict(cls, d: dict) -> Batch:
-        try:
-            return cls(
-                tuple(
-                    Sequence(int(x["id"]), tuple(int(v) for v in x["shape"]))
-                    for x in d["sequences"]
-                )
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, DcpOptError):
-                raise
-            raise DcpOptError(f"batch: malformed ({e})") from None
+        """{"sequences": [{"id": int, "shape": [int, ...]}, ...]}: ids and shapes as exact
+        integers (0.7 is not 0, true is not 1), each entry named in the error."""
+        seqs = d.get("sequences") if isinstance(d, dict) else None
+        if not isinstance(seqs, (list, tuple)):
+            raise DcpOptError("batch.sequences: missing or not a list")
+        check_num_sequences(len(seqs))
+        out = []
+        for i, x in enumerate(seqs):
+            where = f"batch.sequences[{i}]"
+            if not isinstance(x, dict) or "id" not in x or "shape" not in x:
+                raise DcpOptError(f"{where}: expected an object with `id` and `shape`")
+            if not is_int(x["id"]):
+                raise DcpOptError(f"{where}.id: must be an integer >= 0, got {_short(x['id'])}")
+            shape = x["shape"]
+            if not isinstance(shape, (list, tuple)) or not all(is_int(v) for v in shape):
+                raise DcpOptError(f"{where}.shape: must be a list of integers, got {_short(shape)}")
+            out.append(Sequence(x["id"], tuple(shape)))
+        return cls(tuple(out))
+
+
+def check_num_sequences(n: int) -> None:
+    """Refuse a global batch of more than MAX_SEQUENCES sequences, saying how to split it."""
+    if n > MAX_SEQUENCES:
+        parts = -(-n // MAX_SEQUENCES)
+        raise DcpOptError(
+            f"batch: {n:,} sequences; at most {MAX_SEQUENCES:,} ({MAX_SEQUENCES} = 2**20) per "
+            f"global batch: split it into {parts} or more batches (one optimizer step each, "
+            "e.g. with dcp_opt.runtime.data's loaders) and plan each"
+        )

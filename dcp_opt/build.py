@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from .batch import Batch
 from .cost import CostModel, combine_fingerprints, default_normalizer_kind, loss_normalizer
-from .plan import Group, Phase, Plan
+from .plan import Group, Phase, Plan, fingerprint_inputs
 
 
 def fill_idle(groups: Iterable[Group], num_ranks: int) -> tuple[Group, ...]:
@@ -35,10 +35,27 @@ def make_plan(
         loss_normalizer=loss_normalizer(batch, kind),
         normalizer_kind=kind,
         fingerprint=cached_plan_fingerprint(batch, cost),
+        # readable, so a mismatch can name the part that differs (plan.fingerprint_differences)
+        fingerprint_inputs=cost.memoised(
+            ("fingerprint_inputs", batch.fingerprint(), *_identity(cost)),
+            lambda: fingerprint_inputs(batch, cost),
+        ),
         planner=planner,
         predicted_step_time_s=predicted_step_time_s,
         meta=meta or {},
         optimizer_sharding=cost.optimizer_sharding,
+    )
+
+
+def _identity(cost: CostModel) -> tuple:
+    """The memo key of what a plan's fingerprint depends on (cached_plan_fingerprint)."""
+    return (
+        id(cost.model),
+        id(cost.cluster),
+        id(cost.coeffs),
+        cost.optimizer_sharding,
+        cost.usable_memory_fraction,
+        cost.grad_reduce_bytes_per_param,
     )
 
 
@@ -48,14 +65,7 @@ def cached_plan_fingerprint(batch: Batch, cost: CostModel) -> str:
     of the base model's inputs, so a copy made with dataclasses.replace (which shares the
     memo) with another model or cluster never sees this one's fingerprint; every other
     change goes through `CostModel.with_`, which starts a fresh memo."""
-    ident = (
-        id(cost.model),
-        id(cost.cluster),
-        id(cost.coeffs),
-        cost.optimizer_sharding,
-        cost.usable_memory_fraction,
-        cost.grad_reduce_bytes_per_param,
-    )
+    ident = _identity(cost)
     key = ("plan_fingerprint", batch.fingerprint(), *ident)
     cost_key = ("cost_fingerprint", *ident)  # the same for every batch of a run
     return cost.memoised(

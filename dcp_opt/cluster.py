@@ -12,10 +12,20 @@ from functools import cached_property
 from .errors import DcpOptError, require
 from .errors import is_int as _int
 from .errors import is_real as _real
+from .errors import short_repr as _short
 from .topology.model import Topology
 
 GB = 1e9
 GIB = 2**30
+# Caps that keep every figure finite and every plan finishing (issue 29). A bigger cluster is a
+# typo, and planning for it would not end (batches scale with it). Rates (FLOP/s, bytes/s) and
+# speed factors are divided by: outside these bounds step times overflow or underflow float64
+# (a bandwidth of 1e-300 made greedy loop for ever, a latency of 1e308 gave NaN step times).
+# The bounds leave room for toy units (tests/toy.py: 1 FLOP/s, 0.25 bytes/s).
+MAX_GPUS = 1 << 16
+MIN_RATE, MAX_RATE = 1e-6, 1e30
+MAX_LATENCY_S = 1e6
+MAX_SPEED = 1e6
 
 
 @dataclass(frozen=True)
@@ -59,34 +69,45 @@ class Cluster:
             "cluster.gpus_per_node",
             f"must be an integer >= 1, got {self.gpus_per_node!r}",
         )
+        require(
+            self.num_nodes * self.gpus_per_node <= MAX_GPUS,
+            "cluster.num_nodes x gpus_per_node",
+            f"{self.num_nodes * self.gpus_per_node} GPUs; at most {MAX_GPUS}",
+        )
         for name in ("memory_bytes", "peak_flops", "intra_node_bw", "inter_node_bw"):
             value = getattr(self, name)
+            low = 0 if name == "memory_bytes" else MIN_RATE
             require(
-                _real(value) and value > 0,
+                _real(value) and low < value <= MAX_RATE,
                 f"cluster.{name}",
-                f"must be a finite number > 0, got {value!r}",
+                f"must be a finite number > 0 (above {low:g}, at most {MAX_RATE:g}), got "
+                f"{_short(value)}",
             )
         for name in ("intra_node_latency_s", "inter_node_latency_s"):
             value = getattr(self, name)
             require(
-                _real(value) and value >= 0,
+                _real(value) and 0 <= value <= MAX_LATENCY_S,
                 f"cluster.{name}",
-                f"must be a finite number >= 0, got {value!r}",
+                f"must be a finite number >= 0 (at most {MAX_LATENCY_S:g} s), got {_short(value)}",
             )
         for name in ("speed_factors", "memory_per_rank", "degrees"):
             if isinstance(getattr(self, name), list):  # hashable, as a frozen dataclass should be
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         n = self.num_gpus
         self._check_topology()
-        for name in ("speed_factors", "memory_per_rank"):
+        for name, low, high in (
+            ("speed_factors", 1 / MAX_SPEED, MAX_SPEED),
+            ("memory_per_rank", 0, MAX_RATE),
+        ):
             value = getattr(self, name)
             if value is not None:
                 require(
                     isinstance(value, tuple)
                     and len(value) == n
-                    and all(_real(v) and v > 0 for v in value),
+                    and all(_real(v) and low < v <= high for v in value),
                     f"cluster.{name}",
-                    f"must hold {n} positive numbers (one per rank), got {value!r}",
+                    f"must hold {n} positive numbers (one per rank, above {low:g}, at most "
+                    f"{high:g}), got {_short(value)}",
                 )
         if self.degrees is not None:
             require(

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import numbers
+from pathlib import Path
+
+# Seeds reach OR-Tools' CP-SAT as a 32-bit integer (its `random_seed` parameter): a larger one
+# would fail inside the solver, not here.
+MAX_SEED = 2**31 - 1
 
 
 class DcpOptError(ValueError):
@@ -45,6 +51,13 @@ def is_real(x) -> bool:
         return math.isfinite(x)
     except OverflowError:
         return False
+
+
+def short_repr(value) -> str:
+    """repr(value) for an error message, cut to a readable length: a 400-digit integer or a
+    long list is shown by its start and its length, not in full."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:40]}...({len(text)} characters)"
 
 
 def require(cond: bool, field: str, message: str) -> None:
@@ -116,3 +129,43 @@ def loads_json(text: str, where: str, error: type[DcpOptError] = DcpOptError):
         raise error(f"{where}: not valid JSON (nested too deeply)") from None
     except ValueError as e:  # e.g. an integer past Python's 4300-digit limit
         raise error(f"{where}: not valid JSON ({e})") from None
+
+
+# Byte-order marks of the encodings a JSON or text file must not be in (RFC 8259 sec. 8.1: JSON
+# is UTF-8); UTF-32's before UTF-16's, whose mark begins it.
+_FOREIGN_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
+
+
+def read_text(path: str | Path, where: str, error: type[DcpOptError] = DcpOptError) -> str:
+    """The UTF-8 text of `path` (a UTF-8 byte-order mark is dropped). Every failure is
+    `error("<where>: ...")`: unreadable (with the OS's reason), UTF-16 or UTF-32 (saved by an
+    editor that does so: "save it as UTF-8"), or not text (the first bad byte)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise error(f"{where}: cannot read ({e.strerror or e})") from None
+    for bom, name in _FOREIGN_BOMS:
+        if data.startswith(bom):
+            raise error(f"{where}: {name} text; save it as UTF-8") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        hint = "; save it as UTF-8" if b"\x00" in data[:64] else ""
+        raise error(f"{where}: not UTF-8 text (byte {e.start}){hint}") from None
+
+
+def format_bytes(n: float) -> str:
+    """A byte count people read: "512 B", "3.2 MB", "141.0 GB" (decimal units, as GB is
+    elsewhere), never "0.0 GB" for a small model's megabytes."""
+    n = float(n)
+    if not math.isfinite(n):
+        return f"{n} B"
+    for unit, size in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"

@@ -16,19 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster
+from .cluster import MAX_GPUS, Cluster  # noqa: F401 (MAX_GPUS: re-exported)
 from .cost import CostModel
-from .errors import DcpOptError, loads_json
+from .errors import DcpOptError, loads_json, read_text
 from .model import ModelSpec, model_preset
 from .topology.presets import cluster_preset
-
-# A bigger cluster is a typo, and planning for it would not finish (batches scale with it).
-MAX_GPUS = 1 << 16
 
 
 def load_model(arg: str) -> ModelSpec:
     """A model preset, or a ModelSpec JSON file (`name` defaults to the file's stem)."""
-    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
+    if not _is_file(arg):
         return _preset(model_preset, arg)
     d = _read_object(arg, "model")
     d.setdefault("name", Path(arg).stem)
@@ -42,21 +39,15 @@ def load_model(arg: str) -> ModelSpec:
 
 def load_cluster(arg: str) -> Cluster:
     """A cluster preset, or a Cluster JSON file (`name` defaults to the file's stem)."""
-    if not arg or not Path(arg).exists():  # "" is the current folder, not a file
+    if not _is_file(arg):
         return _preset(cluster_preset, arg)
     d = _read_object(arg, "cluster")
     d.setdefault("name", Path(arg).stem)
     where = f"cluster file {Path(arg).name}"
     try:
-        cluster = Cluster.from_dict(d)  # it checks every field's type and range
+        return Cluster.from_dict(d)  # it checks every field's type and range, GPUs capped
     except (DcpOptError, TypeError, ValueError) as e:
         raise DcpOptError(f"{where}: {e}") from None
-    if cluster.num_gpus > MAX_GPUS:
-        raise DcpOptError(
-            f"{where}: cluster.num_nodes x gpus_per_node: {cluster.num_gpus} GPUs; "
-            f"at most {MAX_GPUS}"
-        )
-    return cluster
 
 
 def cost_model(
@@ -109,23 +100,27 @@ def _named(path: str, fn, *args, **kw):
         raise DcpOptError(str(e) if name in str(e) else f"profile {name}: {e}") from None
 
 
+def _is_file(arg: str) -> bool:
+    """Whether `arg` names an existing path ("" is the current folder, not a file; a name too
+    long for the OS, e.g. a 400-digit preset, is no file either)."""
+    try:
+        return bool(arg) and Path(arg).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def _preset(lookup, name: str):
     try:
         return lookup(name)
     except DcpOptError as e:
-        raise DcpOptError(f"{e} or a JSON file") from None
+        hint = " or a JSON file" if "unknown preset" in str(e) else ""
+        raise DcpOptError(f"{e}{hint}") from None
 
 
 def _read_object(path: str, key: str) -> dict:
     """The JSON object in `path`; `{key: {...}}` is unwrapped (a profile's model section)."""
     name = Path(path).name
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise DcpOptError(f"{key} file {name}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise DcpOptError(f"{key} file {name}: not UTF-8 text (byte {e.start})") from None
-    d = loads_json(text, f"{key} file {name}")
+    d = loads_json(read_text(path, f"{key} file {name}"), f"{key} file {name}")
     if isinstance(d, dict) and isinstance(d.get(key), dict):
         d = d[key]
     if not isinstance(d, dict):

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .errors import DcpOptError, require
+from .errors import DcpOptError, is_int, is_real, require
+from .errors import short_repr as _short
 
 KINDS = ("1d", "2d")
+# Integer fields are exact (true is not 1, 2.0 is not 2) and at most 2**31 - 1: a bigger
+# width or depth is a typo, and its products (hidden^2 x layers) would leave float64's range.
+MAX_FIELD = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -47,24 +51,27 @@ class ModelSpec:
         for f in ("num_layers", "hidden", "num_heads", "ffn_hidden", "dtype_bytes"):
             v = getattr(self, f)
             require(
-                isinstance(v, int) and v >= 1, f"model.{f}", f"must be an integer >= 1, got {v!r}"
+                is_int(v) and 1 <= v <= MAX_FIELD,
+                f"model.{f}",
+                f"must be an integer >= 1 (at most 2**31 - 1), got {_short(v)}",
             )
         # Checked too because profile files carry a ModelSpec: a hand-edited one must fail
         # here, naming the field, not later inside the cost model.
         for f in ("vocab_size", "text_tokens", "window", "windowed_layers"):
             v = getattr(self, f)
             require(
-                isinstance(v, int) and v >= 0, f"model.{f}", f"must be an integer >= 0, got {v!r}"
+                is_int(v) and 0 <= v <= MAX_FIELD,
+                f"model.{f}",
+                f"must be an integer >= 0 (at most 2**31 - 1), got {_short(v)}",
             )
         for f in ("gated_mlp", "causal"):
             v = getattr(self, f)
             require(isinstance(v, bool), f"model.{f}", f"must be true or false, got {v!r}")
         p = self.num_params
         require(
-            p is None
-            or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 < p < float("inf")),
+            p is None or (is_real(p) and 0 < p < 1e30),
             "model.num_params",
-            f"must be a finite number > 0 or null, got {p!r}",
+            f"must be a finite number > 0 or null (below 1e30), got {_short(p)}",
         )
         require(
             self.hidden % self.num_heads == 0,
@@ -73,13 +80,7 @@ class ModelSpec:
         )
         kv = self.num_kv_heads
         require(
-            kv is None
-            or (
-                isinstance(kv, int)
-                and not isinstance(kv, bool)
-                and kv >= 1
-                and self.num_heads % kv == 0
-            ),
+            kv is None or (is_int(kv) and kv >= 1 and self.num_heads % kv == 0),
             "model.num_kv_heads",
             f"must be null or an integer >= 1 dividing num_heads={self.num_heads}, got {kv!r}",
         )

@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import astuple, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .cost import SHARDING_MODES
 from .cost.cp import SP_KINDS
-from .errors import PlanFormatError, loads_json
+from .errors import PlanFormatError, is_real, loads_json, short_repr
 
 # 2: a group carries its SP kind ("kind"). Version 1 documents (no kind: every group
 # Ulysses) still load; they are written back as version 2.
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 NORMALIZERS = ("tokens", "samples")
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .cost import CostModel
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class Plan:
     # depends on it); the runtime refuses to run it under another mode. "" = not recorded
     # (plans written before the field existed): left out of the JSON, so they hash as before.
     optimizer_sharding: str = ""
+    # What the fingerprint was made of, readable (fingerprint_inputs below: batch,
+    # model, cluster, coefficients, optimizer sharding, each cost knob), so that a mismatch
+    # names what differs. Metadata: not hashed, left out of the JSON when empty (older plans).
+    fingerprint_inputs: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     # ---- views -------------------------------------------------------------------------
     def micro_batches(self):
@@ -105,8 +113,8 @@ class Plan:
     def content_hash(self) -> str:
         """Hash of what the runtime executes (not of predictions or metadata)."""
         d = self.to_dict()
-        for k in ("planner", "predicted_step_time_s", "meta"):
-            d.pop(k)
+        for k in ("planner", "predicted_step_time_s", "meta", "fingerprint_inputs"):
+            d.pop(k, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---- JSON --------------------------------------------------------------------------
@@ -114,6 +122,8 @@ class Plan:
         d = self._to_dict()
         if self.optimizer_sharding:
             d["optimizer_sharding"] = self.optimizer_sharding
+        if self.fingerprint_inputs:
+            d["fingerprint_inputs"] = dict(self.fingerprint_inputs)
         return d
 
     def _to_dict(self) -> dict:
@@ -219,11 +229,15 @@ def _parse_plan(d: Any) -> Plan:
             f"plan.normalizer_kind: {kind!r} not allowed; allowed: {list(NORMALIZERS)}"
         )
     pred = d.get("predicted_step_time_s")
-    if pred is not None and not isinstance(pred, (int, float)):
-        raise PlanFormatError("plan.predicted_step_time_s: expected number or null")
+    if pred is not None and not is_real(pred):  # is_real: no bool, no 400-digit integer
+        raise PlanFormatError(
+            f"plan.predicted_step_time_s: expected a finite number or null, got {short_repr(pred)}"
+        )
     norm = _need(d, "loss_normalizer", (int, float), "plan")
-    if not 0 < norm < float("inf"):  # also rejects NaN, which JSON parsers accept
-        raise PlanFormatError(f"plan.loss_normalizer: must be a finite number > 0, got {norm!r}")
+    if not (is_real(norm) and norm > 0):  # also rejects NaN, which JSON parsers accept
+        raise PlanFormatError(
+            f"plan.loss_normalizer: must be a finite number > 0, got {short_repr(norm)}"
+        )
     meta = d.get("meta", {})
     if not isinstance(meta, dict):
         raise PlanFormatError("plan.meta: expected an object")
@@ -232,6 +246,9 @@ def _parse_plan(d: Any) -> Plan:
         raise PlanFormatError(
             f"plan.optimizer_sharding: {sharding!r} not allowed; allowed: {list(SHARDING_MODES)}"
         )
+    inputs = d.get("fingerprint_inputs", {})
+    if not (isinstance(inputs, dict) and all(isinstance(v, str) for v in inputs.values())):
+        raise PlanFormatError("plan.fingerprint_inputs: expected an object of strings")
     return Plan(
         phases=tuple(phases),
         num_ranks=_need(d, "num_ranks", int, "plan"),
@@ -242,4 +259,81 @@ def _parse_plan(d: Any) -> Plan:
         predicted_step_time_s=None if pred is None else float(pred),
         meta=meta,
         optimizer_sharding=sharding,
+        fingerprint_inputs=inputs,
     )
+
+
+# ---- what a fingerprint was made of ----------------------------------------------------------
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def fingerprint_inputs(batch: Batch, cost: CostModel) -> dict[str, str]:
+    """What `cost.plan_fingerprint(batch, cost)` hashes, one readable entry per part: the
+    batch, the model, the cluster, the coefficients (by name and digest), the optimizer
+    sharding and each cost knob (by value). Recorded in a plan (`Plan.fingerprint_inputs`),
+    it lets `fingerprint_differences` name what differs when the fingerprints do not match.
+    Built from the same public fields CostModel.fingerprint() hashes."""
+    knobs = {
+        "usable_memory_fraction": cost.usable_memory_fraction,
+        "grad_reduce_bytes_per_param": cost.grad_reduce_bytes_per_param,
+        "sp_kinds": ",".join(cost.sp_kinds),
+        "sp_compute_overhead": [list(x) for x in cost.sp_compute_overhead],
+        "replicated_seq_s": cost.replicated_seq_s,
+        "step_overhead_s": cost.step_overhead_s,
+        "closing_step_s": cost.closing_step_s,
+        "cp_comm": f"#{_digest([list(astuple(m)) for m in cost.cp_comm])}" if cost.cp_comm else "",
+        "ring_comm": (
+            f"#{_digest([list(astuple(m)) for m in cost.ring_comm])}" if cost.ring_comm else ""
+        ),
+    }
+    return {
+        "batch": f"{len(batch)} sequences, {batch.num_tokens} tokens #{batch.fingerprint()[:8]}",
+        "model": f"{cost.model.name} #{_digest(cost.model.to_dict())}",
+        "cluster": f"{cost.cluster.name} #{_digest(cost.cluster.fingerprint_dict())}",
+        "coefficients": f"{cost.coeffs.source} #{_digest(cost.coeffs.to_dict())}",
+        "optimizer_sharding": cost.optimizer_sharding,
+        **{k: str(v) for k, v in knobs.items()},
+    }
+
+
+def fingerprint_differences(plan: Plan, batch: Batch, cost: CostModel) -> list[str]:
+    """Why `plan.fingerprint` is not that of (batch, cost), one line per part that differs:
+    from the plan's recorded inputs, or, for a plan that records none (older plans, plans from
+    make_plan), what the plan itself tells (ranks, sharding, the batch's normaliser and ids).
+    Empty when nothing can be told."""
+    now = fingerprint_inputs(batch, cost)
+    if plan.fingerprint_inputs:
+        differ = [k for k, v in plan.fingerprint_inputs.items() if now.get(k) != v]
+        derived = {plan.fingerprint_inputs.get("coefficients", ""), now["coefficients"]}
+        if all(c.startswith("flops #") for c in derived) and {"model", "cluster"} & set(differ):
+            differ = [
+                k for k in differ if k != "coefficients"
+            ]  # FLOP coefficients follow the model and cluster
+        out = [
+            f"{k}: plan made for {plan.fingerprint_inputs[k]!r}, inputs give {now.get(k, '')!r}"
+            for k in differ
+        ]
+        return out or [
+            "the recorded inputs agree with these: the difference is in a part of the cost "
+            "model the plan does not record (another dcp_opt version, or a CostModel subclass)"
+        ]
+    out = []
+    if plan.optimizer_sharding and plan.optimizer_sharding != cost.optimizer_sharding:
+        out.append(
+            f"optimizer_sharding: plan made for {plan.optimizer_sharding!r}, inputs give "
+            f"{cost.optimizer_sharding!r}"
+        )
+    if plan.num_ranks != cost.cluster.num_gpus:
+        out.append(
+            f"cluster: plan made for {plan.num_ranks} GPUs, inputs give "
+            f"{cost.cluster.name!r} with {cost.cluster.num_gpus}"
+        )
+    ids = set(plan.sequence_ids())
+    norm = float(batch.num_tokens if plan.normalizer_kind == "tokens" else len(batch))
+    if ids != set(batch.by_id) or plan.loss_normalizer != norm:
+        out.append(
+            f"batch: plan made for {len(ids)} sequences (normaliser {plan.loss_normalizer:g}), "
+            f"inputs give {len(batch)} (normaliser {norm:g})"
+        )
+    return out

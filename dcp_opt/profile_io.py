@@ -20,6 +20,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from .cluster import Cluster
 from .cost import BlockCoeffs, CostCoefficients, CostModel, TermCoeffs
 from .cost.cp import CPMeasurement
 from .cost.ring import RingMeasurement
-from .errors import DcpOptError, loads_json
+from .errors import DcpOptError, is_real, loads_json, read_text, short_repr
 from .model import ModelSpec
 
 PROFILE_SCHEMA_VERSION = 2  # 2: the optional `cp` and `ring` measurements
@@ -47,6 +48,12 @@ _LAYER_FIELDS = (
     "dtype_bytes",
 )
 _TERM_FIELDS = tuple(f.name for f in fields(TermCoeffs))
+
+
+# Every number of a profile (seconds, bytes, bytes/s, counts) is at most this: 1e15 seconds or
+# bytes per unit is no measurement, and a coefficient of 1e308 overflowed the step times to
+# inf/NaN (greedy then failed or ran for ever; fuzz, issue 29).
+MAX_NUMBER = 1e15
 
 
 class ProfileError(DcpOptError):
@@ -248,12 +255,7 @@ def save_profile(profile: Profile, path: str | Path, *, force: bool = False) -> 
 def load_profile(path: str | Path, *, model: ModelSpec | None = None) -> Profile:
     """Read and check a profile; with `model`, also check it was measured for that model."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ProfileError(f"profile {str(p)!r}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"profile {str(p)!r}: not UTF-8 text (byte {e.start})") from None
+    text = read_text(p, f"profile {str(p)!r}", ProfileError)
     prof = profile_from_dict(loads_json(text, f"profile {p.name}", ProfileError))
     if model is not None:
         check_profile_matches(prof, model)
@@ -367,6 +369,35 @@ def cost_model_from_profile(
     return CostModel(model, cluster, coeffs, **cost_kw)
 
 
+# ---- the device a profile was measured on, against the cluster it plans for --------------------
+# GPU families as device names and preset names spell them (NVIDIA H200 -> h200x32).
+_GPU_FAMILY = re.compile(
+    r"(?<![a-z0-9])(gb200|b200|b100|h200|h100|h800|a100|a800|l40s?|v100)", re.I
+)
+
+
+def device_mismatch(profile: Profile, cluster: Cluster) -> str | None:
+    """Why a profile's timings may not be this cluster's, or None: measured on a CPU (or
+    another non-CUDA device) for a cluster of GPUs, or on a GPU family other than the one
+    the cluster's name gives (an H100 profile planned on `h200x32`). The profile's step
+    times are its device's; the cluster only scales memory and communication."""
+    dev = profile.device if isinstance(profile.device, dict) else {}
+    kind, name = str(dev.get("type", "")).lower(), str(dev.get("name", ""))
+    gpus = f"{cluster.name!r} ({cluster.num_gpus} GPUs of {cluster.peak_flops / 1e12:.0f} TFLOP/s)"
+    if kind and kind != "cuda" and cluster.peak_flops >= 1e14:
+        return (
+            f"the profile was measured on {kind} ({name or 'unknown'}), not on a GPU, but plans "
+            f"for {gpus}: its step times are the {kind}'s; profile on the cluster's GPU"
+        )
+    found, want = _GPU_FAMILY.search(name), _GPU_FAMILY.search(cluster.name)
+    if kind == "cuda" and found and want and found.group(1).lower() != want.group(1).lower():
+        return (
+            f"the profile was measured on {name} but plans for {gpus}: its step times are "
+            f"the {found.group(1).upper()}'s, not the {want.group(1).upper()}'s"
+        )
+    return None
+
+
 # ---- parsing helpers ----------------------------------------------------------------------
 def _get(d: dict, key: str, typ, where: str):
     if key not in d:
@@ -381,10 +412,16 @@ def _number(d: dict, key: str, where: str, *, integer: bool = False) -> float:
     if key not in d:
         raise ProfileError(f"{where}.{key}: missing")
     v = d[key]
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-    if not ok or not math.isfinite(v) or v < 0 or (integer and int(v) != v):
-        want = "an integer >= 0" if integer else "a finite number >= 0"
-        raise ProfileError(f"{where}.{key}: must be {want}, got {v!r}")
+    # is_real: no bool, no NaN, no integer past float range (a 400-digit number); an
+    # integer field takes integers only (2.0 is not 2)
+    ok = (isinstance(v, int) and not isinstance(v, bool) and v < 2**31) if integer else is_real(v)
+    if not ok or not 0 <= v <= MAX_NUMBER:
+        want = (
+            "an integer >= 0 (below 2**31)"
+            if integer
+            else f"a finite number >= 0 (at most {MAX_NUMBER:g})"
+        )
+        raise ProfileError(f"{where}.{key}: must be {want}, got {short_repr(v)}")
     return int(v) if integer else float(v)
 
 
@@ -420,6 +457,13 @@ def _parse_coefficients(d: dict, model: ModelSpec) -> CostCoefficients:
         for f in fields(CostCoefficients)
         if f.name not in ("blocks", "source")
     }
+    if not any(
+        getattr(t, f) for b in parsed.values() for t in (b.fwd, b.bwd) for f in _TERM_FIELDS
+    ):
+        raise ProfileError(
+            f"{where}.blocks: every time coefficient is 0, so every step would take no time; "
+            "the fit measured nothing (re-run `dcp-opt profile`)"
+        )
     source = d.get("source", "profile")
     return CostCoefficients(blocks=parsed, source=str(source), **scalars)
 

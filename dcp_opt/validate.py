@@ -10,7 +10,7 @@ import numpy as np
 from .batch import Batch
 from .build import cached_plan_fingerprint
 from .cost import CostModel, loss_normalizer
-from .errors import DcpOptError
+from .errors import DcpOptError, format_bytes
 from .plan import NORMALIZERS, Plan
 
 CODES = {
@@ -205,8 +205,8 @@ def _check_memory(blocks: list, batch: Batch, cost: CostModel) -> list[Violation
             Violation(
                 "OUT_OF_MEMORY",
                 f"{_Where(p, g.start_rank, g.degree, k)}: sequences "
-                f"{_short(list(mbs[i].sequence_ids))} need {need[i] / 1e9:.2f} GB per GPU, "
-                f"capacity {cap[i] / 1e9:.2f} GB",
+                f"{_short(list(mbs[i].sequence_ids))} need {format_bytes(need[i])} per GPU, "
+                f"capacity {format_bytes(cap[i])}",
             )
         )
     return out

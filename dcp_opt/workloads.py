@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .batch import Batch, Sequence
-from .errors import DcpOptError, loads_json
+from .batch import MAX_SEQUENCES, Batch, Sequence, check_num_sequences
+from .errors import DcpOptError, is_int, loads_json, read_text
 
 RESOLUTIONS = {
     "144p": (144, 256),
@@ -36,6 +36,9 @@ TEXT_MEDIANS = {"short": 2048, "balanced": 8192, "long": 32768}
 TEXT_SIGMA = 1.0
 TEXT_CLIP = (128, 131072)
 DEFAULT_TOKENS_PER_GPU = 65536
+# Tokens per GPU of a drawn global batch: 2**24 (16M) is 256x the default and more than any GPU
+# holds; `--tokens-per-gpu 10000000000000` drew sequences for ever (issue 29).
+MAX_TOKENS_PER_GPU = 2**24
 
 
 def video_shape(resolution: str, frames: int) -> tuple[int, int, int]:
@@ -100,13 +103,15 @@ class Workload:
 
     def batch(self, seed: int, token_budget: int) -> Batch:
         """Sequences drawn until `token_budget` tokens are reached."""
-        if token_budget < 1:
-            raise DcpOptError(f"token_budget: must be >= 1, got {token_budget}")
-        if not isinstance(seed, (int, np.integer)) or seed < 0:
+        if not is_int(token_budget) or token_budget < 1:
+            raise DcpOptError(f"token_budget: must be an integer >= 1, got {token_budget!r}")
+        if not (is_int(seed) or isinstance(seed, np.integer)) or seed < 0:
             raise DcpOptError(f"seed: must be an integer >= 0, got {seed!r}")
         rng = np.random.default_rng(seed)
         seqs, total = [], 0
         while total < token_budget:
+            if len(seqs) == MAX_SEQUENCES:  # the budget needs more: refuse, saying how to split
+                check_num_sequences(int(len(seqs) * token_budget / total) + 1)
             shape = self.sample_shape(rng)
             seqs.append(Sequence(len(seqs), shape))
             total += int(np.prod(shape))
@@ -157,22 +162,25 @@ def _image_heavy_parts() -> dict[bool, tuple[list, np.ndarray]]:
 def standard_batch(
     name: str, seed: int, *, num_gpus: int = 32, tokens_per_gpu: int = DEFAULT_TOKENS_PER_GPU
 ) -> Batch:
+    check_tokens_per_gpu(tokens_per_gpu)
     return Workload.parse(name).batch(seed, num_gpus * tokens_per_gpu)
+
+
+def check_tokens_per_gpu(tokens_per_gpu, field: str = "tokens_per_gpu") -> None:
+    """An integer in [1, MAX_TOKENS_PER_GPU]."""
+    if not is_int(tokens_per_gpu) or not 1 <= tokens_per_gpu <= MAX_TOKENS_PER_GPU:
+        raise DcpOptError(
+            f"{field}: must be an integer in [1, {MAX_TOKENS_PER_GPU}] (2**24), got "
+            f"{tokens_per_gpu!r}"
+        )
 
 
 def load_batch(path: str | Path) -> Batch:
     """One length per line (1D), `frames,height,width` per line (2D), or JSON: a list of
-    lengths, a list of [f, h, w], or {"sequences": [{"id":..,"shape":[..]}]}. '#' starts a comment."""
+    lengths, a list of [f, h, w], or {"sequences": [{"id":..,"shape":[..]}]}. '#' starts a
+    comment. Numbers are exact integers (no 1.9, no true); at most MAX_SEQUENCES lines."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise DcpOptError(f"lengths file {str(p)!r}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise DcpOptError(
-            f"lengths file {str(p)!r}: not UTF-8 text (byte {e.start}); expected lengths, "
-            "frames,height,width lines or JSON"
-        ) from None
+    text = read_text(p, f"lengths file {str(p)!r}")
     if p.suffix == ".json" or text.lstrip().startswith(("[", "{")):
         return _batch_from_json(text, p)
     rows = []
@@ -183,13 +191,17 @@ def load_batch(path: str | Path) -> Batch:
         try:
             vals = [int(v) for v in line.replace(",", " ").split()]
         except ValueError:
-            raise DcpOptError(f"{p.name}:{lineno}: expected integers, got {line!r}") from None
+            raise DcpOptError(f"{p.name}:{lineno}: expected integers, got {line[:80]!r}") from None
         if len(vals) not in (1, 3) or min(vals) < 1:
             raise DcpOptError(
                 f"{p.name}:{lineno}: expected one length >= 1 or frames,height,width "
-                f">= 1, got {line!r}"
+                f">= 1, got {line[:80]!r}"
             )
         rows.append(vals)
+        if len(rows) > MAX_SEQUENCES:  # count the rest without keeping them
+            check_num_sequences(
+                len(rows) + sum(1 for x in text.splitlines()[lineno:] if x.split("#", 1)[0].strip())
+            )
     if not rows:
         raise DcpOptError(f"lengths file {p.name}: no sequences")
     if len({len(r) for r in rows}) > 1:
@@ -203,9 +215,10 @@ def _batch_from_json(text: str, p: Path) -> Batch:
         return Batch.from_dict(d)
     if not isinstance(d, list) or not d:
         raise DcpOptError(f"{p.name}: expected a non-empty list of lengths or shapes")
-    if all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+    check_num_sequences(len(d))
+    if all(is_int(x) for x in d):
         return Batch.from_lengths(d)
-    if all(isinstance(x, list) and all(isinstance(v, int) for v in x) for x in d):
+    if all(isinstance(x, list) and all(is_int(v) for v in x) for x in d):
         return Batch.from_shapes(d)
     raise DcpOptError(f"{p.name}: entries must all be integers (1D) or all [f, h, w] lists (2D)")
 

@@ -276,8 +276,8 @@ def run_cli_case(argv: list[str]) -> None:
         except SystemExit as e:  # argparse --help (0) or a usage error
             rc = e.code if isinstance(e.code, int) else 2
     text = err.getvalue()
-    if "Traceback" in text:
-        raise AssertionError(f"traceback on stderr: {text[-300:]}")
+    if "Traceback" in text or rc == 3:  # 3: an internal error (a bug), never a clear refusal
+        raise AssertionError(f"traceback or internal error on stderr: {text[-300:]}")
     if rc not in (0, 1, 2):
         raise AssertionError(f"exit code {rc!r}")
     if rc == 2:

@@ -1,6 +1,9 @@
 """Fuzz cases for every public input and the code that feeds each one through dcp_opt.
 
-Inputs: plan JSON, lengths files, profile JSON, CLI arguments (cases in tests/fuzz_cli.py). For each, `TARGETS[name]` is
+Inputs: plan JSON, lengths files, profile JSON, CLI arguments (cases in tests/fuzz_cli.py), and
+extreme inputs through the CLI (tests/fuzz_extreme.py: extreme finite values, other encodings,
+bools and floats as integers, huge GPU counts, huge option values, giant plans; counted per
+kind, `KIND_OF`). For each, `TARGETS[name]` is
 (strategy of cases, function that runs one case). Running a case gives an `Outcome`:
 "accepted" (the input was good), "rejected" (a DcpOptError with a message, or the CLI's exit
 2 with one `dcp-opt: error:` line), or "unhandled" (any other exception, a traceback on
@@ -37,6 +40,7 @@ from dcp_opt import (
 )
 from dcp_opt.workloads import load_batch
 from tests.fuzz_cli import cli_cases, run_cli_case
+from tests.fuzz_extreme import extreme_cases, run_extreme_case
 from tests.toy import toy_cost
 
 
@@ -316,5 +320,8 @@ ALL_TARGETS = {
     "lengths_file": (lengths_cases, run_lengths_case),
     "profile_json": (profile_cases, run_profile_case),
     "cli_args": (cli_cases, run_cli_case),
+    "extreme_inputs": (extreme_cases, run_extreme_case),
 }
+# The kind of a case, for targets whose report counts per kind (benchmarks/fuzz_report.py).
+KIND_OF = {"extreme_inputs": lambda case: case.kind}
 TARGETS = {k: v for k, v in ALL_TARGETS.items() if _available(k)}

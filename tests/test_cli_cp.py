@@ -71,14 +71,15 @@ def test_plan_and_simulate_with_cp(tmp_path, capsys):
     assert "sp kinds    cp" in capsys.readouterr().out
     kinds = {g["kind"] for ph in json.loads(plan.read_text())["phases"] for g in ph["groups"]}
     assert "cp" in kinds
-    # simulate needs the kinds the plan was made with: without, the plan is invalid (exit 1)
-    # and the note names the flag
-    assert main(["simulate", str(plan), *PLAN]) == 1
+    # simulate takes the kinds the plan records when --sp-kinds is not given (issue 28); told
+    # other kinds, the plan is invalid (exit 1) and the note names the flag
+    assert main(["simulate", str(plan), *PLAN, "--sp-kinds", "ulysses"]) == 1
     assert "--sp-kinds ulysses,cp" in capsys.readouterr().err
-    out = tmp_path / "sim.json"
-    assert main(["simulate", str(plan), *args, "--json", str(out)]) == 0
-    sim = json.loads(out.read_text())
-    assert sim["step_time_s"] == pytest.approx(s["predicted_step_time_s"], rel=1e-9)
+    for given in ([], ["--sp-kinds", "ulysses,cp"]):
+        out = tmp_path / "sim.json"
+        assert main(["simulate", str(plan), *PLAN, *given, "--json", str(out)]) == 0
+        sim = json.loads(out.read_text())
+        assert sim["step_time_s"] == pytest.approx(s["predicted_step_time_s"], rel=1e-9)
     # Ulysses-only planning of the same batch is never faster (solvers/kinds.py)
     assert main(["plan", *PLAN, "--json", str(summary)]) == 0
     u = json.loads(summary.read_text())

@@ -184,8 +184,8 @@ def test_check_fits_capacity_is_the_groups_smallest_member():
     with pytest.raises(InfeasibleError) as e:
         cost.check_fits(Batch.from_lengths([44]))  # needs 317
     assert e.value.capacity_bytes == 300.0
-    # bytes shown in GB with one decimal: the toy's are 0.0
-    assert "needs 0.0 GB per GPU" in str(e.value) and "capacity 0.0 GB" in str(e.value)
+    # bytes in readable units (issue 28: the toy's 317 bytes printed as "0.0 GB" before)
+    assert "needs 317 B per GPU" in str(e.value) and "capacity 300 B" in str(e.value)
 
 
 @pytest.mark.parametrize("kind", ["ulysses", "cp"])

@@ -11,12 +11,13 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 from dcp_opt import DcpOptError, ModelSpec, Plan, PlanFormatError, Sequence, validate
 from dcp_opt.cli import main
 from dcp_opt.workloads import load_batch, standard_batch
 from tests.counts import EXAMPLES
+from tests.fuzz_extreme import KINDS, run_extreme_case
 from tests.fuzzing import ALL_TARGETS, TARGETS, attempt, plan_fixture, profile_base
 
 
@@ -29,6 +30,7 @@ def test_every_public_input_is_fuzzed():
             "lengths_file",
             "profile_json",
             "cli_args",
+            "extreme_inputs",
         }
     )
 
@@ -44,6 +46,25 @@ def test_fuzz_never_raises_an_unhandled_exception(name):
         assert out.kind != "unhandled", (case, out.detail)
         if out.kind == "rejected":  # the message names the problem: never empty
             assert out.detail.strip(), case
+
+    prop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_extreme_kind_is_handled(kind):
+    """Issue 29's kinds, each on its own (the mixed strategy above may draw few of one):
+    never a traceback, exit 3, a hang, a runaway, or a case that must be refused accepted."""
+    import tests.fuzz_extreme as fx
+
+    strategy = getattr(fx, kind)
+
+    @settings(max_examples=12)
+    @given(strategy())
+    def prop(case):
+        EXAMPLES[f"fuzz[extreme:{kind}]"] += 1
+        assert case.kind == kind
+        out = attempt(run_extreme_case, case)
+        assert out.kind != "unhandled", (case, out.detail)
 
     prop()
 

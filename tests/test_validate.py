@@ -204,8 +204,8 @@ CASES = {
     # rank 5 has 50 bytes: 2 tokens at degree 1 need 67.5 there (rank 0 would hold them)
     "OUT_OF_MEMORY": (
         [[_g(0, 4, ((0,),)), _g(4, 1), _g(5, 1, ((1,),)), _g(6, 2)]], {},
-        ["OUT_OF_MEMORY: phase 0 group@5x1 micro-batch 0: sequences [1] need 0.00 GB per GPU, "
-         "capacity 0.00 GB"],
+        ["OUT_OF_MEMORY: phase 0 group@5x1 micro-batch 0: sequences [1] need 68 B per GPU, "
+         "capacity 50 B"],
     ),
     "FINGERPRINT_MISMATCH": (
         WHOLE, {"fingerprint": "x"}, ["FINGERPRINT_MISMATCH: plan 'x', inputs {fp}"],

@@ -67,7 +67,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -294,6 +294,11 @@ def _project_runs(config, workload, epoch, cost, targets, notes, on_done):
 def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) -> tuple:
     t0 = time.perf_counter()
     epoch = stream_epoch(workload, config.seed, config.num_batches, config.tokens_per_batch)
+    return _run_epoch(config, workload, epoch, cost, on_done, notes, t0)
+
+
+def _run_epoch(config, workload, epoch, cost, on_done, notes, t0) -> tuple:
+    """Every method of `config` over `epoch` (data order) on `cost`: (epoch info, rows)."""
     cost.check_fits(epoch)
     rows = []
     for method in config.published:
@@ -327,6 +332,18 @@ def run_workload(config, workload, cost, on_done=lambda w, m: None, notes=None) 
     return info, rows
 
 
+def _num_runs(config: StreamConfig, num_2d: int, num_1d: int) -> int:
+    """Rows a run adds (for the progress bar)."""
+    cheap = [p for p in config.planners if p != "cpsat"]  # + the 2 published median sizes
+    per_workload = (
+        len(config.published) * (2 if config.nodrop else 1)
+        + len(cheap) * (len(config.step_sizes) + 2) * 2
+        + ("cpsat" in config.planners) * len(config.cpsat_sizes)
+    )
+    frameworks = num_1d * count_runs(config, len(config.step_sizes) + 2)
+    return per_workload * (num_2d + num_1d) + frameworks
+
+
 def run_stream(
     config: StreamConfig,
     *,
@@ -338,21 +355,68 @@ def run_stream(
     cluster = load_cluster(config.cluster)
     make_cost = make_cost or (lambda m, c: CostModel(m, c))
     costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}
-    cheap = [p for p in config.planners if p != "cpsat"]  # + the 2 published median sizes
-    per_workload = (
-        len(config.published) * (2 if config.nodrop else 1)
-        + len(cheap) * (len(config.step_sizes) + 2) * 2
-        + ("cpsat" in config.planners) * len(config.cpsat_sizes)
-    )
     n_1d = sum(w.startswith("1d") for w in config.workloads)
-    on_start(
-        per_workload * len(config.workloads) + n_1d * count_runs(config, len(config.step_sizes) + 2)
-    )
+    on_start(_num_runs(config, len(config.workloads) - n_1d, n_1d))
     epochs, rows, notes = [], [], []
     for w in config.workloads:
         info, rs = run_workload(config, w, costs[w[:2]], on_done, notes)
         epochs.append(info)
         rows += rs
+    return _document(config, cluster, costs, started, epochs, rows, notes)
+
+
+def run_stream_epoch(
+    epoch: Batch,
+    config: StreamConfig | None = None,
+    *,
+    name: str = "epoch",
+    make_cost: Callable | None = None,
+    on_start: Callable[[int], None] = lambda total: None,
+    on_done: Callable[[str, str], None] = lambda workload, method: None,
+) -> dict:
+    """The stream bench on your own epoch: `epoch`'s sequences in their order are the data
+    order (a lengths file as read, or draws from your histogram). The project's planners run
+    at fixed steps in data order (and with the step former); on 2D data the published VideoSys
+    samplers run over it as published (they bucket by frames and resolution, so they need 2D
+    shapes); on 1D data the text frameworks' baselines run instead (megatron_dynamic_cp,
+    verl_balanced, beside greedy+cp). `config`'s workloads, num_batches and tokens_per_batch
+    are not used (the epoch is given); its cluster, models, sizes and planners are. The
+    document is run_stream's, with one workload named "<kind>:<name>" and no fidelity rows
+    (the paper's ratios are for its own data).
+
+        from dcp_opt.analysis.stream import StreamConfig, run_stream_epoch
+        doc = run_stream_epoch(load_batch("lengths.txt"), StreamConfig(cluster="h200x8"))
+    """
+    started = time.perf_counter()
+    config = config or StreamConfig()
+    kind = epoch.kind
+    # ids 0..n-1 in data order, as stream_epoch makes them (the steps are cut by position)
+    epoch = Batch(tuple(Sequence(i, s.shape) for i, s in enumerate(epoch.sequences)))
+    cfg = replace(
+        config,
+        workloads=(),
+        published=config.published if kind == "2d" else (),
+        frameworks=config.frameworks if kind == "1d" else (),
+    )
+    cluster = load_cluster(cfg.cluster)
+    make_cost = make_cost or (lambda m, c: CostModel(m, c))
+    costs = {kind: make_cost(model_preset(cfg.models[kind]), cluster)}
+    on_start(_num_runs(cfg, kind == "2d", kind == "1d"))
+    notes: list[str] = []
+    workload = f"{kind}:{name}"
+    info, rows = _run_epoch(cfg, workload, epoch, costs[kind], on_done, notes, started)
+    if kind == "1d":
+        notes.append(
+            f"{workload}: the published VideoSys samplers bucket by frames and resolution "
+            "(2D shapes): on 1D data the text frameworks' baselines run instead"
+        )
+    doc = _document(cfg, cluster, costs, started, [info], rows, notes)
+    doc["config"].update(epoch=name, num_batches=None, tokens_per_batch=None)
+    doc["fidelity"] = []
+    return doc
+
+
+def _document(config, cluster, costs, started, epochs, rows, notes) -> dict:
     cfg = asdict(config)
     cfg.update(num_gpus=cluster.num_gpus, models={k: c.model.name for k, c in costs.items()})
     return {

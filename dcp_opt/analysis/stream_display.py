@@ -17,9 +17,16 @@ def render_stream_table(doc: dict):
     from rich.table import Table
 
     cfg = doc["config"]
+    if cfg.get("epoch"):  # the user's own epoch (run_stream_epoch)
+        e = doc["epochs"][0]
+        epoch = f"{cfg['epoch']}: {e['num_sequences']:,} sequences, {e['num_tokens'] / 2**20:.4g}M tokens"
+    else:
+        epoch = (
+            f"of {cfg['num_batches']} x {cfg['tokens_per_batch'] / 2**20:.3g}M tokens per workload"
+        )
     table = Table(
         title=f"dcp-opt bench --stream: {cfg['cluster']} ({cfg['num_gpus']} GPUs), one epoch "
-        f"of {cfg['num_batches']} x {cfg['tokens_per_batch'] / 2**20:.3g}M tokens per workload",
+        + epoch,
         title_justify="left",
         caption="published: the VideoSys sampler over the epoch (cap 0.7, PAC min 15 "
         "micro-batches, drop_last; /nodrop keeps every sample); planner@size: fixed steps of "

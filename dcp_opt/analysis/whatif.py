@@ -344,6 +344,20 @@ def _sweeps(dist, base: CostModel, runs, planners, config: WhatIfConfig, progres
 
 
 # ---- the whole analysis ------------------------------------------------------------------------
+def check_sample_size(dist: LengthDistribution, token_budget: int, field: str = "tokens") -> None:
+    """Refuse a draw of `token_budget` tokens that would hold more than MAX_SEQUENCES
+    sequences on average, before drawing (the draw itself would take the memory)."""
+    from ..batch import MAX_SEQUENCES
+
+    expected = token_budget / dist.summary()["mean_tokens"]
+    if expected > MAX_SEQUENCES:
+        raise DcpOptError(
+            f"{field}: {token_budget:,} tokens drawn from {dist.source} hold about "
+            f"{expected:,.0f} sequences; at most {MAX_SEQUENCES:,} per batch: give fewer "
+            "tokens (--tokens-per-gpu, --gpus, --epoch-batches)"
+        )
+
+
 def run_whatif(
     dist: LengthDistribution,
     config: WhatIfConfig = WhatIfConfig(),
@@ -367,6 +381,7 @@ def run_whatif(
     check_bins(dist, base)
     options = {"time_limit_s": config.time_limit_s, "seed": config.seed}
     budget = base.cluster.num_gpus * config.tokens_per_gpu
+    check_sample_size(dist, max(base.cluster.num_gpus, *config.gpus) * config.tokens_per_gpu)
     runs = []
     for i in range(config.num_batches):
         batch = dist.sample_batch(config.seed + i, budget)

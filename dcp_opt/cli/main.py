@@ -8,42 +8,51 @@
     dcp-opt whatif    speedups, degrees and memory for a length distribution (dcp_opt.analysis.whatif)
     dcp-opt profile   measure the model on this device, fit the cost model (dcp_opt.cli.profile)
 
-Bad input (an unknown preset, a malformed file, a bad length, an empty batch, a sequence that
-fits nowhere) prints one line `dcp-opt: error: <message>` on stderr and exits 2. An invalid
-plan given to `simulate`, or a planner that returns no plan, exits 1.
+Exit codes (README, "Command line"): 0 success; 1 no plan (an invalid plan given to `simulate`
+or `show`, a planner that returns none, `bench --strict` failures); 2 bad input (an unknown
+preset, a malformed file, a bad length, an empty batch, a sequence that fits nowhere), one line
+`dcp-opt: error: <message>` on stderr; 3 an internal error (a bug in dcp_opt), one line
+`dcp-opt: internal error: ...` asking for a bug report (DCP_OPT_TRACEBACK=1 prints the
+traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from collections import Counter
-from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from ..analysis.bench import (
-    DEFAULT_MODELS,
-    DEFAULT_NUM_BATCHES,
-    BenchConfig,
-    json_default,
-    planner_kwargs,
-)
+from ..analysis.bench import DEFAULT_MODELS, json_default, planner_kwargs
 from ..analysis.kind_map import kind_shares
 from ..batch import Batch
 from ..cluster import GB
 from ..cost import SHARDING_MODES, CostModel
-from ..errors import DcpOptError
-from ..inputs import cost_model, load_cluster, profile_kind
-from ..plan import Plan
+from ..errors import DcpOptError, format_bytes, read_text
+from ..inputs import cost_model, load_cluster
+from ..plan import Plan, fingerprint_inputs
 from ..simulate import SimResult, simulate
 from ..validate import validate
 from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
+from . import args as types
+from . import handoff
+from .args import add_sp_kinds, sp_kinds, split
+from .bench import add_bench_parser
+from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
 from .profile import add_profile_parser
 
 PROG = "dcp-opt"
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+EXIT_INTERNAL = 3
+BUG_REPORT = (
+    "this is a bug in dcp_opt: please report it with the command line "
+    "(DCP_OPT_TRACEBACK=1 prints the traceback)"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +63,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ---- shared arguments --------------------------------------------------------------------------
-def _add_inputs(p: argparse.ArgumentParser) -> None:
+def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
         "--lengths",
@@ -67,53 +76,25 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         help=f"a standard workload: {', '.join(w.name for w in STANDARD_WORKLOADS)}",
     )
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0); planner seed")
-    p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
-    p.add_argument("--cluster", default="h200x32", help=f"{CLUSTER_HELP} (default h200x32)")
+    p.add_argument("--tokens-per-gpu", type=types.tokens_per_gpu, default=DEFAULT_TOKENS_PER_GPU)
+    p.add_argument("--cluster", default=None, help=f"{CLUSTER_HELP} (default {DEFAULT_CLUSTER})")
     p.add_argument(
         "--model",
         default=None,
         help=f"{MODEL_HELP} (default: the profile's model, else {DEFAULT_MODELS['1d']} for "
-        f"1D, {DEFAULT_MODELS['2d']} for 2D batches)",
+        f"1D, {DEFAULT_MODELS['2d']} for 2D batches; the model used is printed)",
     )
     p.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
-    p.add_argument("--optimizer-sharding", default="zero1", choices=SHARDING_MODES)
-    _add_sp_kinds(p)
-
-
-def _add_sp_kinds(p: argparse.ArgumentParser, *, note: str = "") -> None:
     p.add_argument(
-        "--sp-kinds",
-        default="ulysses",
-        metavar="KINDS",
-        help="SP kinds a group may take: ulysses (default), or ulysses with cp (all-gather-KV "
-        "context parallelism) and/or ring (ring attention), e.g. ulysses,cp,ring (1D models; "
-        f"the planners choose per group){note}",
+        "--optimizer-sharding",
+        default=None,
+        choices=SHARDING_MODES,
+        help="default zero1 (simulate, show: the plan's own)",
     )
+    add_sp_kinds(p, default=None if from_plan else "ulysses")
 
 
-def _sp_kinds(args: argparse.Namespace, input_kind: str | None = None) -> tuple[str, ...]:
-    """--sp-kinds as CostModel.sp_kinds; one-line errors naming the flag and the values."""
-    from ..cost.cp import SP_KINDS
-
-    kinds = _split(args.sp_kinds) or ()
-    if (
-        any(k not in SP_KINDS for k in kinds)
-        or "ulysses" not in kinds
-        or len(set(kinds)) < len(kinds)
-    ):
-        raise DcpOptError(
-            f"--sp-kinds: {args.sp_kinds!r} not allowed; allowed: 'ulysses' with any of "
-            "'cp', 'ring' (e.g. 'ulysses,cp,ring'), each once"
-        )
-    other = [k for k in kinds if k != "ulysses"]
-    if other and input_kind == "2d":
-        raise DcpOptError(
-            f"--sp-kinds: {other[0]!r} not allowed for 2d (video) inputs; allowed: 'ulysses' "
-            f"({other[0]} is for 1D causal models)"
-        )
-    return tuple(kinds)
-
-
+DEFAULT_CLUSTER = "h200x32"
 CLUSTER_HELP = "cluster preset or Cluster JSON file"
 MODEL_HELP = "model preset or ModelSpec JSON file"
 PROFILE_HELP = (
@@ -122,8 +103,12 @@ PROFILE_HELP = (
 )
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
-    cluster = load_cluster(args.cluster)
+def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, CostModel]:
+    """The batch and cost model the arguments name. With `plan` (simulate, show), what the
+    arguments leave out is what the plan records: its optimizer sharding, its SP kinds, and
+    its model and cluster where those are presets (each default used is printed)."""
+    recorded = plan.fingerprint_inputs if plan is not None else {}
+    cluster = load_cluster(cluster_choice(args.cluster, recorded, DEFAULT_CLUSTER))
     if args.lengths is not None:
         batch = load_batch(args.lengths)
     else:
@@ -133,15 +118,24 @@ def _inputs(args: argparse.Namespace) -> tuple[Batch, CostModel]:
             num_gpus=cluster.num_gpus,
             tokens_per_gpu=args.tokens_per_gpu,
         )
+    sharding = args.optimizer_sharding or (plan and plan.optimizer_sharding) or "zero1"
+    if args.sp_kinds is None:  # simulate/show: the plan's kinds, else Ulysses
+        args.sp_kinds = recorded.get("sp_kinds") or (
+            "ulysses,cp" if plan and any(g.kind == "cp" for ph in plan.phases for g in ph.groups)
+            else "ulysses"
+        )  # fmt: skip
+    model = model_choice(args, recorded, batch.kind, DEFAULT_MODELS[batch.kind])
     cost = cost_model(
         kind=batch.kind,
         cluster=cluster,
-        model=args.model,
+        model=model,
         profile=args.profile,
         default_model=DEFAULT_MODELS[batch.kind],
-        optimizer_sharding=args.optimizer_sharding,
-        sp_kinds=_sp_kinds(args, batch.kind),
+        optimizer_sharding=sharding,
+        sp_kinds=sp_kinds(args, batch.kind),
     )
+    if args.profile:
+        profile_warning(args.profile, cluster)
     return batch, cost
 
 
@@ -153,19 +147,7 @@ def _write(path: str, text: str, field: str) -> None:
 
 
 def _read_plan(path: str) -> Plan:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise DcpOptError(f"plan file {path!r}: cannot read ({e.strerror})") from None
-    return Plan.from_json(text)
-
-
-def _note(msg: str) -> None:
-    print(f"{PROG}: {msg}", file=sys.stderr)
-
-
-def _split(text: str | None) -> tuple[str, ...] | None:
-    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+    return Plan.from_json(read_text(path, f"plan file {path!r}"))
 
 
 # ---- plan --------------------------------------------------------------------------------------
@@ -176,7 +158,7 @@ def _add_plan(sub) -> None:
     p.add_argument("--out", metavar="PLAN_JSON", help="write the plan here")
     p.add_argument("--json", metavar="SUMMARY_JSON", help="write the summary here")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
-    p.add_argument("--workers", type=int, default=None, help="solver worker threads")
+    p.add_argument("--workers", type=types.workers, default=None, help="solver worker threads")
     p.set_defaults(func=cmd_plan)
 
 
@@ -190,17 +172,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         fn, time_limit_s=args.time_limit, seed=args.seed, num_workers=args.workers
     )
     for name in ignored:
-        _note(f"note: planner {args.planner!r} takes no {name}; ignored")
+        note(f"note: planner {args.planner!r} takes no {name}; ignored")
     res = fn(batch, cost, **kwargs)
     if not res.ok:
-        _note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
+        note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
         return EXIT_FAILED
     sim = simulate(res.plan, batch, cost)
     summary = plan_summary(res, sim, batch, cost)
     for line in summary_lines(summary):
         print(line)
-    if args.out:
-        _write(args.out, res.plan.to_json() + "\n", "out")
+    if args.out:  # with what its fingerprint was made of, so a mismatch can name the part
+        plan = replace(res.plan, fingerprint_inputs=fingerprint_inputs(batch, cost))
+        _write(args.out, plan.to_json() + "\n", "out")
     if args.json:
         _write(args.json, json.dumps(summary, indent=1, default=json_default) + "\n", "json")
     return 0
@@ -247,7 +230,8 @@ def summary_lines(s: dict) -> list[str]:
         f"step time   {s['predicted_step_time_s']:.4f} s predicted; lower bound "
         f"{s['lower_bound_s']:.4f} s; gap {s['gap']:.1%}",
         f"balance     imbalance {s['imbalance']:.1%}; communication {s['comm_share']:.1%} "
-        f"of busy time; peak memory {s['peak_memory_gb']:.1f} / {s['capacity_gb']:.1f} GB",
+        f"of busy time; peak memory {format_bytes(s['peak_memory_gb'] * GB)} / "
+        f"{format_bytes(s['capacity_gb'] * GB)}",
         f"plan        {s['num_phases']} phase(s), {s['num_groups']} busy group(s), "
         f"{s['num_micro_batches']} micro-batches; degree x groups: {degrees}",
         *(
@@ -271,27 +255,21 @@ def _add_simulate(sub) -> None:
 
 
 def _checked_plan(args: argparse.Namespace) -> tuple[Plan, Batch, CostModel] | None:
-    """The plan and its inputs, or None after printing every violation."""
+    """The plan and its inputs, or None after printing the violations (the first
+    handoff.MAX_VIOLATION_LINES, then a count per code; a fingerprint mismatch names what
+    differs)."""
     plan = _read_plan(args.plan)
-    batch, cost = _inputs(args)
+    batch, cost = _inputs(args, plan)
     violations = validate(plan, batch, cost, check_fingerprint=not args.ignore_fingerprint)
     if not violations:
         return plan, batch, cost
-    _note(f"invalid plan: {len(violations)} violation(s)")
-    for v in violations:
-        print(f"  {v}", file=sys.stderr)
-    kinds = sorted({g.kind for ph in plan.phases for g in ph.groups} - set(cost.sp_kinds))
-    if any(v.code == "BAD_KIND" for v in violations) and kinds:
-        want = ",".join(k for k in ("ulysses", "cp", "ring") if k in {*cost.sp_kinds, *kinds})
-        _note(
-            f"the plan has {'/'.join(kinds)} groups: pass --sp-kinds {want} as when it was planned"
-        )
+    print_violations(violations, plan, batch, cost)
     return None
 
 
 def _add_plan_file(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="plan JSON written by `dcp-opt plan --out`")
-    _add_inputs(p)
+    _add_inputs(p, from_plan=True)
     p.add_argument(
         "--ignore-fingerprint",
         action="store_true",
@@ -310,7 +288,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"
     )
-    coll = ", ".join(f"{k} {v / GB:.2f} GB" for k, v in s["collectives"].items())
+    coll = ", ".join(f"{k} {format_bytes(v)}" for k, v in s["collectives"].items())
     print(
         f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per rank "
         f"({s['collectives_s']:.4f} s); closing micro-step {s['closing_step_s']:.4f} s"
@@ -318,8 +296,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
     print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
     print(
-        f"peak memory {s['peak_memory_gb']:.1f} GB (capacity {cost.capacity() / GB:.1f} GB); "
-        f"{s['num_micro_batches']} micro-batches"
+        f"peak memory {format_bytes(s['peak_memory_gb'] * GB)} (capacity "
+        f"{format_bytes(cost.capacity())}); {s['num_micro_batches']} micro-batches"
     )
     if args.json:
         s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
@@ -331,206 +309,44 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _add_show(sub) -> None:
     p = sub.add_parser("show", help="draw a plan: Gantt chart per rank and memory per rank")
     _add_plan_file(p)
-    p.add_argument("--out", required=True, metavar="PNG", help="image file (png, svg, pdf)")
-    p.add_argument("--dpi", type=int, default=110)
+    p.add_argument(
+        "--out", required=True, metavar="PNG", help=f"image file ({', '.join(IMAGE_FORMATS)})"
+    )
+    p.add_argument(
+        "--dpi", type=types.dpi, default=110, help=f"{types.MIN_DPI}..{types.MAX_DPI} (110)"
+    )
     p.set_defaults(func=cmd_show)
+
+
+# The image formats `show --out` writes, by the file's suffix: matplotlib would add ".png" to a
+# name without one (`--out plan` wrote plan.png), so a name must say its format.
+IMAGE_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "webp", "eps", "ps", "tif", "tiff")
+
+
+def _image_format(path: str) -> str:
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in IMAGE_FORMATS:
+        raise DcpOptError(
+            f"out: {path!r} has no image suffix; allowed: "
+            f"{', '.join('.' + f for f in IMAGE_FORMATS)} (the file is written as named)"
+        )
+    return suffix
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from ..analysis.gantt import plot_plan
 
+    fmt = _image_format(args.out)  # before the work: a bad name fails at once
     checked = _checked_plan(args)
     if checked is None:
         return EXIT_FAILED
     fig = plot_plan(*checked)
     try:
-        fig.savefig(args.out, dpi=args.dpi)
+        fig.savefig(args.out, dpi=args.dpi, format=fmt)
     except (OSError, ValueError) as e:  # unwritable path or unknown image format
         raise DcpOptError(f"out {args.out!r}: cannot write ({e})") from None
     print(f"wrote {args.out}")
     return 0
-
-
-# ---- bench -------------------------------------------------------------------------------------
-def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="every planner on every standard workload")
-    p.add_argument("--cluster", default="h200x32", help=f"{CLUSTER_HELP} (default h200x32)")
-    p.add_argument("--workloads", default=None, help="comma-separated (default: all six)")
-    p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
-    p.add_argument("--batches", type=int, default=DEFAULT_NUM_BATCHES, help="seeds per workload")
-    p.add_argument("--seed", type=int, default=0, help="first seed")
-    for kind in ("1d", "2d"):
-        p.add_argument(f"--model-{kind}", help=f"{MODEL_HELP} (default {DEFAULT_MODELS[kind]})")
-    p.add_argument(
-        "--profile",
-        metavar="FILE",
-        help="profile JSON from `dcp-opt profile`: the cost model of the workloads of its "
-        "model's kind (1d or 2d); the other kind keeps its model",
-    )
-    p.add_argument("--tokens-per-gpu", type=int, default=DEFAULT_TOKENS_PER_GPU)
-    p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
-    p.add_argument(
-        "--json", metavar="OUT", help="write every figure here (see dcp_opt.analysis.bench)"
-    )
-    p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
-    p.add_argument("--no-progress", action="store_true")
-    _add_sp_kinds(p, note="; 2D workloads keep ulysses")
-    _add_stream_args(p)
-    p.set_defaults(func=cmd_bench)
-
-
-def _add_stream_args(p) -> None:
-    s = p.add_argument_group("stream (an epoch per workload; see dcp_opt.analysis.stream)")
-    s.add_argument(
-        "--stream",
-        action="store_true",
-        help="judge every method over an epoch, published methods as published",
-    )
-    s.add_argument("--quick", action="store_true", help="with --stream: a small epoch (CI)")
-    s.add_argument("--epoch-batches", type=int, default=None, metavar="N", help="default 256")
-    s.add_argument(
-        "--step-sizes", default=None, metavar="M,M", help="tokens per step in 2^20 (2,8,16)"
-    )
-    s.add_argument("--former-k", type=int, default=None, help="step former: max shift (steps)")
-    s.add_argument("--former-e", type=float, default=None, help="step former: token tolerance")
-    s.add_argument("--memory-cap", type=float, default=None, help="published cap (0.7)")
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    if args.stream:
-        return cmd_stream(args)
-
-    from ..analysis.bench import run_bench
-    from ..analysis.bench_display import error_lines, render_table
-
-    config = BenchConfig(
-        cluster=args.cluster,
-        workloads=_split(args.workloads) or BenchConfig().workloads,
-        planners=_split(args.planners),
-        num_batches=args.batches,
-        first_seed=args.seed,
-        tokens_per_gpu=args.tokens_per_gpu,
-        planner_options={"time_limit_s": args.time_limit},
-    )
-    make_cost = _bench_costs(args)
-    with _progress(disabled=args.no_progress) as (on_start, on_done):
-        doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
-    doc["config"]["profile"] = args.profile
-    doc["config"]["sp_kinds"] = list(_sp_kinds(args))  # the 1D workloads'
-    Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
-    for line in error_lines(doc):
-        _note(line)
-    if args.json:
-        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
-    failed = any(not r["all_valid"] for r in doc["summary"])
-    return EXIT_FAILED if (args.strict and failed) else 0
-
-
-def stream_config(args: argparse.Namespace):
-    """StreamConfig from the bench arguments (--quick first, explicit flags over it)."""
-    from ..analysis.stream import MILLION, QUICK, STREAM_WORKLOADS, StreamConfig
-
-    kw: dict = dict(QUICK) if args.quick else {}
-    kw["cluster"] = args.cluster
-    kw["seed"] = args.seed
-    kw["workloads"] = _split(args.workloads) or kw.get("workloads", STREAM_WORKLOADS)
-    if args.planners:
-        kw["planners"] = _split(args.planners)
-    if args.epoch_batches is not None:
-        kw["num_batches"] = args.epoch_batches
-    if args.step_sizes:
-        try:
-            kw["step_sizes"] = tuple(int(float(x) * MILLION) for x in _split(args.step_sizes))
-        except ValueError:
-            raise DcpOptError(f"step-sizes: {args.step_sizes!r} is not a list of numbers") from None
-    if args.time_limit is not None:
-        kw["cpsat_budget_s"] = args.time_limit
-    for flag, key in (
-        ("former_k", "former_max_shift"),
-        ("former_e", "former_tolerance"),
-        ("memory_cap", "memory_cap"),
-    ):
-        if getattr(args, flag) is not None:
-            kw[key] = getattr(args, flag)
-    return StreamConfig(**kw)
-
-
-def cmd_stream(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from ..analysis.stream import run_stream
-    from ..analysis.stream_display import (
-        render_fidelity_table,
-        render_matched_table,
-        render_stream_table,
-    )
-
-    config = stream_config(args)
-    with _progress(disabled=args.no_progress) as (on_start, on_done):
-        doc = run_stream(config, make_cost=_bench_costs(args), on_start=on_start, on_done=on_done)
-    console = Console(soft_wrap=False, width=max(Console().width, 130))
-    console.print(render_stream_table(doc))
-    if doc["matched"]:
-        console.print(render_matched_table(doc))
-    if doc["fidelity"]:
-        console.print(render_fidelity_table(doc))
-    for line in doc["notes"]:
-        _note(line)
-    _note(f"stream bench: {doc['total_wall_time_s']:.1f} s")
-    if args.json:
-        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
-    return 0
-
-
-def _bench_costs(args: argparse.Namespace):
-    """make_cost for run_bench: it hands over the default preset model of each kind; the
-    user's model file or profile replaces it (run_bench reports the model it got)."""
-    models = {"1d": args.model_1d, "2d": args.model_2d}
-    kind_of_profile = profile_kind(args.profile) if args.profile else None
-    kinds = {"1d": _sp_kinds(args), "2d": ("ulysses",)}  # cp serves 1D models only
-
-    def make_cost(preset, cluster) -> CostModel:
-        k = preset.kind
-        return cost_model(
-            kind=k,
-            cluster=cluster,
-            model=models[k],
-            profile=args.profile if k == kind_of_profile else None,
-            default_model=preset.name,
-            source=f"each {k} workload",
-            sp_kinds=kinds[k],
-        )
-
-    return make_cost
-
-
-class _progress:
-    """A rich progress bar on stderr, driven by run_bench's callbacks."""
-
-    def __init__(self, disabled: bool):
-        self.disabled = disabled
-        self.bar = None
-
-    def __enter__(self) -> tuple[Callable[[int], None], Callable[[str, str], None]]:
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.bar = Progress(console=Console(stderr=True), transient=True, disable=self.disabled)
-        self.bar.__enter__()
-        task = self.bar.add_task("planning", total=None)
-
-        def on_start(total: int) -> None:
-            self.bar.update(task, total=total)
-
-        def on_done(workload: str, planner: str) -> None:
-            self.bar.update(task, advance=1, description=f"{workload} {planner}")
-
-        return on_start, on_done
-
-    def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
 
 
 # ---- whatif ------------------------------------------------------------------------------------
@@ -549,8 +365,10 @@ def _add_whatif(sub) -> None:
     p.add_argument("--cluster", default=d.cluster, help=f"{CLUSTER_HELP} (default {d.cluster})")
     p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default by the input's kind)")
     p.add_argument("--profile", metavar="FILE", help=PROFILE_HELP)
-    p.add_argument("--batches", type=int, default=d.num_batches, help="sampled global batches")
-    p.add_argument("--sweep-batches", type=int, default=d.sweep_batches)
+    p.add_argument(
+        "--batches", type=types.batches, default=d.num_batches, help="sampled global batches"
+    )
+    p.add_argument("--sweep-batches", type=types.batches, default=d.sweep_batches)
     p.add_argument("--gpus", default=",".join(map(str, d.gpus)), help="GPU counts to sweep")
     p.add_argument(
         "--inter-bw-scale",
@@ -558,7 +376,7 @@ def _add_whatif(sub) -> None:
         help="inter-node bandwidth factors to sweep",
     )
     p.add_argument("--planners", default=None, help="comma-separated (default: all built)")
-    p.add_argument("--tokens-per-gpu", type=int, default=d.tokens_per_gpu)
+    p.add_argument("--tokens-per-gpu", type=types.tokens_per_gpu, default=d.tokens_per_gpu)
     p.add_argument("--time-limit", type=float, default=d.time_limit_s, metavar="S")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--optimizer-sharding", default=d.optimizer_sharding, choices=SHARDING_MODES)
@@ -567,15 +385,18 @@ def _add_whatif(sub) -> None:
     )
     p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
     p.add_argument("--no-progress", action="store_true")
-    _add_sp_kinds(p, note="; with cp the document has the kind map (where each kind wins)")
+    add_sp_kinds(p, note="; with cp the document has the kind map (where each kind wins)")
     p.set_defaults(func=cmd_whatif)
 
 
-def _numbers(text: str, field: str, kind: type) -> tuple:
+def _numbers(text: str, field: str, kind) -> tuple:
     try:
-        return tuple(kind(x) for x in _split(text))
-    except ValueError:
-        raise DcpOptError(f"{field}: expected comma-separated numbers, got {text!r}") from None
+        return tuple(kind(x) for x in split(text))
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        why = f" ({e})" if isinstance(e, argparse.ArgumentTypeError) else ""
+        raise DcpOptError(
+            f"{field}: expected comma-separated numbers, got {text[:80]!r}{why}"
+        ) from None
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
@@ -585,31 +406,31 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
     from ..analysis.whatif import WhatIfConfig, run_whatif
     from ..analysis.whatif_display import recommendation, render_tables, save_whatif_png
-    from ..histogram import LengthDistribution
 
-    if args.histogram is not None:
-        dist = LengthDistribution.from_histogram(args.histogram)
-    else:
-        dist = LengthDistribution.from_lengths(args.lengths)
+    types.check_seed(args.seed)  # the planners get it as it is
+    dist = load_distribution(args)
+    cluster = load_cluster(args.cluster)
     cost = cost_model(
         kind=dist.kind,
-        cluster=load_cluster(args.cluster),
-        model=args.model,
+        cluster=cluster,
+        model=model_choice(args, {}, dist.kind, DEFAULT_MODELS[dist.kind]),
         profile=args.profile,
         default_model=DEFAULT_MODELS[dist.kind],
         source=dist.source,
         optimizer_sharding=args.optimizer_sharding,
-        sp_kinds=_sp_kinds(args, dist.kind),
+        sp_kinds=sp_kinds(args, dist.kind),
     )
+    if args.profile:
+        profile_warning(args.profile, cluster)
     config = WhatIfConfig(
         cluster=cost.cluster.name,
         model=cost.model.name,
         num_batches=args.batches,
         sweep_batches=args.sweep_batches,
-        gpus=_numbers(args.gpus, "gpus", int),
+        gpus=_numbers(args.gpus, "gpus", types.gpus),
         inter_bw_scales=_numbers(args.inter_bw_scale, "inter-bw-scale", float),
         tokens_per_gpu=args.tokens_per_gpu,
-        planners=_split(args.planners),
+        planners=split(args.planners),
         time_limit_s=args.time_limit,
         seed=args.seed,
         optimizer_sharding=args.optimizer_sharding,
@@ -625,7 +446,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     for line in recommendation(doc):
         print(line)
     for line in doc["warnings"]:
-        _note(line)
+        note(line)
     if args.json:
         _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     if args.plot:
@@ -635,17 +456,33 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_distribution(args: argparse.Namespace):
+    """The LengthDistribution of `--histogram` or `--lengths` (read as UTF-8: handoff)."""
+    from ..histogram import LengthDistribution
+
+    if args.histogram is not None:
+        name = Path(args.histogram).name
+        text = read_text(args.histogram, f"histogram file {args.histogram!r}")
+        return LengthDistribution.from_histogram_text(text, source=f"histogram {name}")
+    return LengthDistribution.from_lengths(args.lengths)
+
+
 # ---- entry point -------------------------------------------------------------------------------
 # One registration function per subcommand; `whatif` (issue 6) adds its own here.
-COMMANDS = (_add_plan, _add_simulate, _add_show, _add_bench, _add_whatif, add_profile_parser)
+COMMANDS = (_add_plan, _add_simulate, _add_show, add_bench_parser, _add_whatif, add_profile_parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = _Parser(
         prog=PROG,
         description="Plan, simulate and benchmark distributed training on variable-length "
         "sequences (SP degree, micro-batches and recompute chosen per batch).",
+        epilog="exit codes: 0 success; 1 no plan (invalid plan, planner found none, bench "
+        "--strict failures); 2 bad input (one `dcp-opt: error:` line); 3 internal error (a bug)",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in COMMANDS:
         register(sub)
@@ -653,13 +490,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    handoff.defaults_suffix()  # forget a previous call's (main() is called in-process too)
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        rc = args.func(args)
+        handoff.flush_defaults()
+        return rc
     except DcpOptError as e:
-        msg = " ".join(str(e).split())  # one line, whatever the message holds
-        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(str(e))}{handoff.defaults_suffix(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:  # a bug: its own exit code, never 1 ("no plan") or 2 (bad input)
+        if os.environ.get("DCP_OPT_TRACEBACK"):
+            import traceback
+
+            traceback.print_exc()
+        print(
+            f"{PROG}: internal error: {type(e).__name__}: {one_line(str(e))[:300]}; {BUG_REPORT}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def one_line(message: str) -> str:
+    """A message on one line, a run of more than 40 digits (a 400-digit number) shortened."""
+    message = " ".join(message.split())
+    return re.sub(r"\d{41,}", lambda m: f"{m[0][:12]}...({len(m[0])} digits)", message)
 
 
 if __name__ == "__main__":

@@ -69,9 +69,13 @@ def add_profile_parser(sub) -> None:
 
 def _check_output(args: argparse.Namespace) -> Path:
     out = Path(args.output)
-    if out.exists() and not args.force:
+    try:
+        exists, is_dir = out.exists(), out.is_dir()
+    except OSError as e:  # e.g. a name too long for the file system
+        raise DcpOptError(f"output {str(out)[:80]!r}: not a usable path ({e.strerror})") from None
+    if exists and not args.force:
         raise DcpOptError(f"output {str(out)!r}: exists; pass --force to overwrite")
-    if out.is_dir():
+    if is_dir:
         raise DcpOptError(f"output {str(out)!r}: is a directory")
     return out
 

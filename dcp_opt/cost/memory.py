@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch import Batch
-from ..cluster import GB
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, format_bytes
 from . import cp as cp_cost
 from . import ring as ring_cost
 
@@ -103,12 +102,12 @@ class Memory:
         cap = max(self.capacity(s, 1) for s in range(self.cluster.num_gpus))
         if self.fixed_bytes() < cap:
             return
-        parts = ", ".join(f"{k} {v / GB:.1f} GB" for k, v in self.model_state_parts().items())
+        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.model_state_parts().items())
         raise InfeasibleError(
             f"model states do not fit: {parts} per GPU under optimizer_sharding "
             f"{self.optimizer_sharding!r} ({self.model.total_params / 1e9:.2f}B parameters), "
-            f"+ {self.coeffs.reserved_bytes / GB:.1f} GB reserved; usable capacity "
-            f"{cap / GB:.1f} GB per GPU. Every mode of this runtime holds the gathered bf16 "
+            f"+ {format_bytes(self.coeffs.reserved_bytes)} reserved; usable capacity "
+            f"{format_bytes(cap)} per GPU. Every mode of this runtime holds the gathered bf16 "
             "weights and a full fp32 gradient accumulator (2 + 4 bytes per parameter) through "
             "the step; tensor parallelism and per-layer ZeRO-3, which would shard them, are "
             "not built yet (docs/architecture.md): a smaller model or GPUs with more memory",
@@ -129,8 +128,8 @@ class Memory:
             need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
             raise InfeasibleError(
                 f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
-                f"{need / GB:.1f} GB per GPU at the largest degree {dmax} with all "
-                f"{self.model.num_layers} layers recomputed; capacity {cap / GB:.1f} GB",
+                f"{format_bytes(need)} per GPU at the largest degree {dmax} with all "
+                f"{self.model.num_layers} layers recomputed; capacity {format_bytes(cap)}",
                 sequence_id=s.id,
                 need_bytes=need,
                 capacity_bytes=cap,

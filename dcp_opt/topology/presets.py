@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..cluster import GB, Cluster
+from ..cluster import GB, MAX_GPUS, Cluster
 from ..errors import DcpOptError
 from .model import Link, Topology
 
@@ -200,6 +200,7 @@ def cluster_preset(name: str) -> Cluster:
     fabrics with a topology (topology_preset: gb200-nvl72, h100-superpod, ...)."""
     if name in CLUSTER_PRESETS:
         return CLUSTER_PRESETS[name]
+    _check_preset_size(name)
     if name.startswith(("gb200-", "h100-", "h100x64-")):
         found = topology_preset(name)
         if found is not None:
@@ -214,3 +215,20 @@ def cluster_preset(name: str) -> Cluster:
         "(N <= 8 or a multiple of 8), gb200-nvl72, gb200-nvl72xN (N racks), h100-superpod, "
         "h100-superpod-4n, h100-fattree-2to1, h100x64-fattree-2to1"
     )
+
+
+def _check_preset_size(name: str) -> None:
+    """Refuse `h200xN` and `gb200-nvl72xN` beyond MAX_GPUS before building them: a rack
+    count's topology graph takes gigabytes long before the Cluster would refuse it."""
+    for prefix, per in (("h200x", 1), ("gb200-nvl72x", 72)):
+        count = name[len(prefix) :]
+        if name.startswith(prefix) and count.isdigit() and len(count) < 20:
+            if int(count) * per > MAX_GPUS:
+                raise DcpOptError(
+                    f"cluster: preset {name!r} has {int(count) * per} GPUs; at most {MAX_GPUS}"
+                )
+        elif name.startswith(prefix) and count.isdigit():
+            raise DcpOptError(
+                f"cluster: preset {name[:40]!r}... has a {len(count)}-digit GPU count; at most "
+                f"{MAX_GPUS} GPUs"
+            )
