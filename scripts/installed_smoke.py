@@ -31,6 +31,9 @@ VERBS: list[tuple[str, list[str]]] = [
     ("--version", ["--version"]),
     ("plan", ["plan", *COMMON, "--out", "plan.json", "--json", "summary.json"]),
     ("simulate", ["simulate", "plan.json", *COMMON]),
+    # a workload read from the package data (dcp_opt/data: the wheel must ship it)
+    ("plan --workload 1d-wlbllm", ["plan", "--workload", "1d-wlbllm", "--cluster", "h200x8",
+                                   "--model", "llama-1b", "--tokens-per-gpu", "8192"]),
     ("show", ["show", "plan.json", *COMMON, "--out", "plan.png"]),
     # every planner on every standard workload, one batch each, on one node
     ("bench --batches 1", ["bench", "--batches", "1", "--cluster", "h200x8", "--no-progress",

@@ -336,7 +336,11 @@ def test_cli_profiles_writes_and_loads(tmp_path, capsys):
     "extra, message",
     [
         (["--calibrate-world", "1"], "--calibrate-world: 1 not allowed; allowed: 0 (off) or >= 2"),
-        (["--calibrate-world", "2", "--target", "tiny-dit"], "--target tiny-lm on --device cpu"),
+        (
+            ["--calibrate-world", "2", "--target", "tiny-dit"],
+            "tiny-lm or an HF --model on --device cpu",
+        ),
+        (["--calibrate-world", "2", "--model", "hf:llama-7b"], "6.74B parameters; the calibration"),
     ],
 )
 def test_cli_calibration_refused_before_measuring(tmp_path, capsys, extra, message):
@@ -365,6 +369,23 @@ def test_cli_calibrate_world_stores_the_runtime_calibration(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)["runtime"]
     assert shown["sp_compute_overhead"] == {str(d): x for d, x in cal.sp_compute_overhead}
     assert shown["step_overhead_s"] == cal.step_overhead_s <= shown["grad_sync_s"]
+
+
+@pytest.mark.dist
+def test_cli_calibrate_world_works_for_an_hf_model(tmp_path):
+    # issue 28: --calibrate-world took only the built-in tiny-lm, so an HF model's profile
+    # had no runtime overheads (it predicted 0.014 s for steps measured at 0.2-0.4 s)
+    from dcp_opt.cli import main
+    from dcp_opt.profile_io import load_profile
+
+    out = tmp_path / "hf.json"
+    argv = ["profile", "--model", "hf:tiny-llama", "-o", str(out), "--quick", "--no-progress"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a quick grid's fit may be flagged as poor
+        assert main([*argv, "--no-cache", "--calibrate-world", "2"]) == 0
+    cal = load_profile(out).runtime
+    assert cal is not None and cal.world == 2 and {s["degree"] for s in cal.samples} == {1, 2}
+    assert cal.compute_factor > 0 and cal.step_overhead_s >= 0
 
 
 # ---- fidelity benchmark helpers --------------------------------------------------------

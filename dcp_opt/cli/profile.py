@@ -59,8 +59,9 @@ def add_profile_parser(sub) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="tiny-lm on CPU: run the real executor in N local gloo ranks and store the runtime "
-        "calibration (per-micro-batch and per-step overheads, in-situ all-to-all)",
+        help="tiny-lm or an HF --model on CPU: run the real executor in N local gloo ranks and "
+        "store the runtime calibration (per-micro-batch and per-step overheads, in-situ "
+        "all-to-all)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the fit report as JSON")
@@ -132,23 +133,42 @@ def _config(args: argparse.Namespace):
     return ProfileConfig(grid=grid, num_threads=args.threads, passes=1 if args.quick else 2)
 
 
+# The calibration builds the whole model in every local rank (fp32 weights, gradients):
+# above this many parameters it would not fit a CPU host (4 GB of weights a rank).
+MAX_CALIBRATION_PARAMS = 1e9
+
+
 def _check_calibration(args: argparse.Namespace, device: str) -> None:
-    """Refused before anything is measured: the calibration runs the runtime's own TinyLM."""
+    """Refused before anything is measured: the calibration runs the runtime's executor on
+    the whole model (TinyLM, or the HF model of --model) in local gloo ranks."""
     n = args.calibrate_world
     if n == 0:
         return
     if n < 2:
         raise DcpOptError(f"--calibrate-world: {n} not allowed; allowed: 0 (off) or >= 2 ranks")
-    if args.model is not None or args.target != "tiny-lm" or device != "cpu":
+    if device != "cpu" or (args.model is None and args.target != "tiny-lm"):
         raise DcpOptError(
-            "--calibrate-world: supported for --target tiny-lm on --device cpu only (it runs "
-            "the runtime's executor on gloo); other models: see docs/profiler.md, "
+            "--calibrate-world: supported for --target tiny-lm or an HF --model on --device cpu "
+            "(it runs the runtime's executor on gloo); other models: see docs/profiler.md, "
             "'runtime calibration'"
         )
+    if args.model is not None:
+        from dcp_opt.runtime.profile.hf import hf_spec, load_hf_config
+
+        spec = hf_spec(load_hf_config(_hf_ref(args.model)), name="calibration", dtype_bytes=4)
+        if spec.total_params > MAX_CALIBRATION_PARAMS:
+            raise DcpOptError(
+                f"--calibrate-world: the model has {spec.total_params / 1e9:.2f}B parameters; "
+                f"the calibration builds all of it on each of {n} local ranks: at most "
+                f"{MAX_CALIBRATION_PARAMS / 1e9:.0f}B (profile a config with fewer layers)"
+            )
 
 
 def _calibrate(args: argparse.Namespace, prof):
-    from dcp_opt.runtime.profile.fidelity import calibrate_tiny_lm
+    from dcp_opt.runtime.profile.fidelity import calibrate_hf, calibrate_tiny_lm
+
+    if args.model is not None:
+        return calibrate_hf(prof, _hf_ref(args.model), args.calibrate_world)
 
     cfg = dict(
         vocab_size=512,

@@ -29,7 +29,23 @@ def setup_lm(ctx, cfg: dict, seed: int = 0) -> int:
     torch.manual_seed(seed)
     state = SPState()
     model = parallelize(TinyLM(LMConfig(**cfg)), state)
-    _STATE.update(model=model, state=state, cfg=LMConfig(**cfg), task=LMTask())
+    _STATE.update(model=model, state=state, vocab=cfg["vocab_size"], task=LMTask())
+    return sum(p.numel() for p in model.parameters())
+
+
+def setup_hf(ctx, ref: str, seed: int = 0) -> int:
+    """Build the Hugging Face causal LM of config `ref` (runtime/profile/hf.py's forms; random
+    weights, float32, nothing downloaded) and parallelize it; returns its parameter count."""
+    from transformers import AutoModelForCausalLM
+
+    from ..hf import HFCausalLMTask, parallelize_hf
+    from .hf import load_hf_config
+
+    config = load_hf_config(ref)
+    torch.manual_seed(seed)
+    state = SPState()
+    model = parallelize_hf(AutoModelForCausalLM.from_config(config), state)
+    _STATE.update(model=model, state=state, vocab=config.vocab_size, task=HFCausalLMTask())
     return sum(p.numel() for p in model.parameters())
 
 
@@ -83,7 +99,7 @@ def run_plan(ctx, plan_json: str, batch_dict: dict, steps: int, warmup: int) -> 
     as (phase, start rank, degree, index, sequence ids, recompute, wall s, CPU s)."""
     plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
     model, state = _STATE["model"], _STATE["state"]
-    data = _data(batch, _STATE["cfg"].vocab_size, 0)
+    data = _data(batch, _STATE["vocab"], 0)
     out = {"step_s": [], "grad_sync_s": [], "check_s": [], "micro_batches": []}
     for step in range(warmup + steps):
         model.zero_grad(set_to_none=True)
@@ -126,12 +142,24 @@ def calibrate_tiny_lm(profile, cfg: dict, world: int):
     """`profile` (of runtime.models.TinyLM(LMConfig(**cfg))) with a runtime calibration
     measured in `world` local gloo processes (one thread each): the hook for
     `dcp-opt profile --calibrate-world N`."""
+    return _calibrate(profile, world, setup_lm, cfg)
+
+
+def calibrate_hf(profile, ref: str, world: int):
+    """The same for the Hugging Face model of config `ref` (`dcp-opt profile --model hf:...
+    --calibrate-world N`): the whole model runs on every rank through parallelize_hf, so its
+    per-micro-batch and per-step overheads are the runtime's own (issue 28: a profile of an
+    HF model predicted 0.014 s for steps measured at 0.2-0.4 s without them)."""
+    return _calibrate(profile, world, setup_hf, ref)
+
+
+def _calibrate(profile, world: int, setup, what):
     from ..testing import DistWorkers
     from .measure import calibrate_runtime
 
     workers = DistWorkers(world, timeout_s=300)
     try:
-        workers.run(setup_lm, cfg, 0)
+        workers.run(setup, what, 0)
         return calibrate_runtime(profile, worker_run_plan(workers), world=world)
     finally:
         workers.close()
