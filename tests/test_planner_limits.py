@@ -6,6 +6,7 @@ cannot hold; batches above the sequence cap are refused with how to split them."
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import replace
 
@@ -28,7 +29,25 @@ FAST = ("greedy", "bucket", "verl_balanced", "megatron_dynamic_cp", "packed")
 
 
 def _cost(preset: str = "h200x8", **cluster) -> CostModel:
-    return CostModel(MODEL, cluster_preset(preset).with_(**cluster))
+    """The preset with `cluster`'s figures set past Cluster's own range checks (which refuse
+    every extreme value below: test_the_cluster_refuses_the_extreme_figures), so these tests
+    reach the planners' and the cost model's own guards behind them."""
+    c = copy.copy(cluster_preset(preset))
+    for k, v in cluster.items():
+        object.__setattr__(c, k, v)
+    return CostModel(MODEL, c)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("intra_node_bw", 1e-300), ("intra_node_bw", 1e300), ("inter_node_bw", 1e-300),
+     ("intra_node_latency_s", 1e308), ("inter_node_latency_s", 1e308)],
+)  # fmt: skip
+def test_the_cluster_refuses_the_extreme_figures(field, value):
+    # the first guard (dcp_opt/cluster.py): rates and latencies in ranges where costs stay
+    # finite, the field named
+    with pytest.raises(DcpOptError, match=rf"cluster\.{field}"):
+        cluster_preset("h200x8").with_(**{field: value})
 
 
 # ---- extreme finite figures -----------------------------------------------------------------
