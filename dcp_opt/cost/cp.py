@@ -84,22 +84,34 @@ class CPMeasurement:
 def check_measurements(items) -> tuple[CPMeasurement, ...]:
     """CostModel.cp_comm checked: CPMeasurements of distinct group sizes >= 2, bandwidths
     finite > 0, latencies finite >= 0; sorted by group size."""
+    return check_group_rates(
+        items,
+        CPMeasurement,
+        lambda m: (m.rates("all_gather"), m.rates("reduce_scatter")),
+        field="cp_comm",
+    )
+
+
+def check_group_rates(items, kind: type, rates, *, field: str) -> tuple:
+    """Measurements of collectives per group size (cp_comm, ring_comm) checked: instances of
+    `kind` with distinct integer `group_size` >= 2 whose `rates(m)` pairs (bandwidth,
+    latency) are finite, bandwidth > 0, latency >= 0; sorted by group size."""
     given = items
     try:
         items = tuple(items)
         ok = all(
-            isinstance(m, CPMeasurement)
+            isinstance(m, kind)
             and isinstance(m.group_size, int)
             and m.group_size >= 2
             and all(math.isfinite(b) and b > 0 and math.isfinite(lat) and lat >= 0
-                    for b, lat in (m.rates("all_gather"), m.rates("reduce_scatter")))
+                    for b, lat in rates(m))
             for m in items
         )  # fmt: skip
     except TypeError:  # not iterable, or a rate that is not a number
         items, ok = (), False
     if not ok or len({m.group_size for m in items}) != len(items):
         raise DcpOptError(
-            f"cp_comm: must be CPMeasurements of distinct group sizes >= 2 with finite "
+            f"{field}: must be {kind.__name__}s of distinct group sizes >= 2 with finite "
             f"bandwidths > 0 and latencies >= 0, got {given!r}"
         )
     return tuple(sorted(items, key=lambda m: m.group_size))

@@ -40,12 +40,10 @@ one's transfers), so tables and bounds price a ring group without it (`additive`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DcpOptError
 from . import cp as cp_cost
 
 BUFFER_BLOCKS = 4  # the backward's send and receive buffers, each K/V + dK/dV (TE:2396-2401)
@@ -64,27 +62,12 @@ class RingMeasurement:
 def check_measurements(items) -> tuple[RingMeasurement, ...]:
     """CostModel.ring_comm checked: RingMeasurements of distinct group sizes >= 2, bandwidth
     finite > 0, latency finite >= 0; sorted by group size."""
-    given = items
-    try:
-        items = tuple(items)
-        ok = all(
-            isinstance(m, RingMeasurement)
-            and isinstance(m.group_size, int)
-            and m.group_size >= 2
-            and math.isfinite(m.bandwidth_bytes_per_s)
-            and m.bandwidth_bytes_per_s > 0
-            and math.isfinite(m.latency_s)
-            and m.latency_s >= 0
-            for m in items
-        )
-    except TypeError:  # not iterable, or a rate that is not a number
-        items, ok = (), False
-    if not ok or len({m.group_size for m in items}) != len(items):
-        raise DcpOptError(
-            f"ring_comm: must be RingMeasurements of distinct group sizes >= 2 with finite "
-            f"bandwidths > 0 and latencies >= 0, got {given!r}"
-        )
-    return tuple(sorted(items, key=lambda m: m.group_size))
+    return cp_cost.check_group_rates(
+        items,
+        RingMeasurement,
+        lambda m: ((m.bandwidth_bytes_per_s, m.latency_s),),
+        field="ring_comm",
+    )
 
 
 def block_bytes(model, tokens, d):
