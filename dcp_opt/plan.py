@@ -31,9 +31,14 @@ from .errors import PlanFormatError, is_real, loads_json, short_repr
 
 # 2: a group carries its SP kind ("kind"). Version 1 documents (no kind: every group
 # Ulysses) still load; they are written back as version 2.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3: the job's 4-D layout (docs/plan-format.md): tensor_parallel, shard_domain, pipeline and a
+# micro-batch's stage_recompute. A plan that uses none of them is written as version 2, byte
+# for byte as before (so its content_hash and every older reader are unchanged).
+SCHEMA_VERSION = 3
+BASE_SCHEMA_VERSION = 2  # what a plan without any 4-D layout field is written as
+READABLE_VERSIONS = (1, 2, 3)
 NORMALIZERS = ("tokens", "samples")
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -44,6 +49,27 @@ if TYPE_CHECKING:
 class MicroBatch:
     sequence_ids: tuple[int, ...]
     recompute_layers: int = 0
+    # Under a pipeline: layers recomputed on each stage (entry s counts stage s's first
+    # layers), one entry per stage; recompute_layers is then their sum. Empty without one.
+    stage_recompute: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Pipeline parallelism (issue 30): `len(stage_layers)` stages, stage s holding the next
+    `stage_layers[s]` layers of the model (the embedding rides on the first stage, the head
+    and loss on the last). Every stage runs the plan's DCP layout (its phases and groups) on
+    its own units, so each group is a column of pipelines with its ordered micro-batches.
+    `schedule`: "gpipe" (all forwards, then all backwards), "1f1b" (Narayanan et al. 2021,
+    PipeDream-Flush) or "interleaved" (1F1B over `virtual_stages` model chunks per stage)."""
+
+    stage_layers: tuple[int, ...]
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_layers)
 
 
 @dataclass(frozen=True)
@@ -73,7 +99,7 @@ class Plan:
     planner: str = ""
     predicted_step_time_s: float | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = BASE_SCHEMA_VERSION
     # The CostModel.optimizer_sharding the plan was made for (memory of every micro-batch
     # depends on it); the runtime refuses to run it under another mode. "" = not recorded
     # (plans written before the field existed): left out of the JSON, so they hash as before.
@@ -82,6 +108,22 @@ class Plan:
     # model, cluster, coefficients, optimizer sharding, each cost knob), so that a mismatch
     # names what differs. Metadata: not hashed, left out of the JSON when empty (older plans).
     fingerprint_inputs: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    # The job's 4-D layout (schema 3; defaults: none of it, written as schema 2). A plan rank
+    # is a *unit*: `tensor_parallel` GPUs of one node running Megatron-style tensor
+    # parallelism together. With a pipeline, `num_ranks` counts the units of one stage and
+    # stage s holds units [s * num_ranks, (s + 1) * num_ranks) of the cluster; the GPU of
+    # (stage s, unit u, TP rank j) is (s * num_ranks + u) * tensor_parallel + j.
+    tensor_parallel: int = 1
+    # ZeRO-3 per layer (issue 26): parameters sharded over aligned blocks of `shard_domain`
+    # units and gathered per layer each micro-step, the micro-step counts aligned inside each
+    # block; 0: the mode's step-level schedule (parameters gathered once per step).
+    shard_domain: int = 0
+    pipeline: Pipeline | None = None
+
+    @property
+    def uses_layout(self) -> bool:
+        """Whether the plan needs schema 3 (any of the 4-D layout fields set)."""
+        return self.tensor_parallel != 1 or self.shard_domain != 0 or self.pipeline is not None
 
     # ---- views -------------------------------------------------------------------------
     def micro_batches(self):
@@ -124,6 +166,22 @@ class Plan:
             d["optimizer_sharding"] = self.optimizer_sharding
         if self.fingerprint_inputs:
             d["fingerprint_inputs"] = dict(self.fingerprint_inputs)
+        if self.uses_layout:
+            d.update(self._layout_dict())
+        return d
+
+    def _layout_dict(self) -> dict:
+        d: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        if self.tensor_parallel != 1:
+            d["tensor_parallel"] = self.tensor_parallel
+        if self.shard_domain:
+            d["shard_domain"] = self.shard_domain
+        if self.pipeline is not None:
+            d["pipeline"] = {
+                "stage_layers": list(self.pipeline.stage_layers),
+                "schedule": self.pipeline.schedule,
+                "virtual_stages": self.pipeline.virtual_stages,
+            }
         return d
 
     def _to_dict(self) -> dict:
@@ -143,13 +201,7 @@ class Plan:
                             "start_rank": g.start_rank,
                             "degree": g.degree,
                             "kind": g.kind,
-                            "micro_batches": [
-                                {
-                                    "sequence_ids": list(mb.sequence_ids),
-                                    "recompute_layers": mb.recompute_layers,
-                                }
-                                for mb in g.micro_batches
-                            ],
+                            "micro_batches": [_micro_batch_dict(mb) for mb in g.micro_batches],
                         }
                         for g in ph.groups
                     ]
@@ -170,6 +222,16 @@ class Plan:
         return _parse_plan(loads_json(text, "plan", PlanFormatError))
 
 
+def _micro_batch_dict(mb: MicroBatch) -> dict:
+    d: dict[str, Any] = {
+        "sequence_ids": list(mb.sequence_ids),
+        "recompute_layers": mb.recompute_layers,
+    }
+    if mb.stage_recompute:
+        d["stage_recompute"] = list(mb.stage_recompute)
+    return d
+
+
 def _need(d: Any, key: str, typ, where: str):
     if not isinstance(d, dict):
         raise PlanFormatError(f"{where}: expected an object, got {type(d).__name__}")
@@ -188,7 +250,13 @@ def _parse_micro_batch(d: Any, where: str) -> MicroBatch:
     if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise PlanFormatError(f"{where}.sequence_ids: every entry must be an integer")
     rec = _need(d, "recompute_layers", int, where)
-    return MicroBatch(tuple(ids), rec)
+    stages = d.get("stage_recompute", [])
+    if not (
+        isinstance(stages, list)
+        and all(isinstance(r, int) and not isinstance(r, bool) for r in stages)
+    ):
+        raise PlanFormatError(f"{where}.stage_recompute: expected a list of integers")
+    return MicroBatch(tuple(ids), rec, tuple(stages))
 
 
 def _parse_group(d: Any, where: str) -> Group:
@@ -250,6 +318,7 @@ def _parse_plan(d: Any) -> Plan:
     if not (isinstance(inputs, dict) and all(isinstance(v, str) for v in inputs.values())):
         raise PlanFormatError("plan.fingerprint_inputs: expected an object of strings")
     return Plan(
+        **_parse_layout(d),
         phases=tuple(phases),
         num_ranks=_need(d, "num_ranks", int, "plan"),
         loss_normalizer=float(norm),
@@ -261,6 +330,40 @@ def _parse_plan(d: Any) -> Plan:
         optimizer_sharding=sharding,
         fingerprint_inputs=inputs,
     )
+
+
+def _positive_int(d: dict, key: str, default: int, low: int) -> int:
+    v = d.get(key, default)
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= low):
+        raise PlanFormatError(f"plan.{key}: must be an integer >= {low}, got {short_repr(v)}")
+    return v
+
+
+def _parse_layout(d: dict) -> dict:
+    """The schema-3 fields (absent: no tensor parallelism, no shard domain, no pipeline).
+    Their consistency with the cluster and model is validate()'s, not the parser's."""
+    out: dict[str, Any] = {
+        "tensor_parallel": _positive_int(d, "tensor_parallel", 1, 1),
+        "shard_domain": _positive_int(d, "shard_domain", 0, 0),
+    }
+    pipe = d.get("pipeline")
+    if pipe is not None:
+        layers = _need(pipe, "stage_layers", list, "plan.pipeline")
+        if not layers or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers
+        ):
+            raise PlanFormatError(
+                "plan.pipeline.stage_layers: expected a non-empty list of integers >= 1"
+            )
+        schedule = pipe.get("schedule", "1f1b")
+        if schedule not in PIPELINE_SCHEDULES:
+            raise PlanFormatError(
+                f"plan.pipeline.schedule: {short_repr(schedule)} not allowed; allowed: "
+                f"{list(PIPELINE_SCHEDULES)}"
+            )
+        virtual = _positive_int(pipe, "virtual_stages", 1, 1)
+        out["pipeline"] = Pipeline(tuple(layers), schedule, virtual)
+    return out
 
 
 # ---- what a fingerprint was made of ----------------------------------------------------------
