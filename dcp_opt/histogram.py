@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .batch import Batch, Sequence
-from .errors import DcpOptError
+from .errors import DcpOptError, read_text
 from .workloads import load_batch
 
 HEADERS = {1: ("length", "count"), 3: ("frames", "height", "width", "count")}
@@ -83,10 +83,8 @@ class LengthDistribution:
     @classmethod
     def from_histogram(cls, path: str | Path) -> LengthDistribution:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise DcpOptError(f"histogram file {str(p)!r}: cannot read ({e.strerror})") from None
+        # read_text: an unreadable, UTF-16/32 or non-UTF-8 file is a DcpOptError naming it
+        text = read_text(p, f"histogram file {str(p)!r}")
         return cls.from_histogram_text(text, source=f"histogram {p.name}")
 
     @classmethod

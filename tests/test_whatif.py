@@ -305,3 +305,18 @@ def test_recommendation_lists_errors_when_no_planner_succeeds():
         "no planner gave a valid plan on any batch",
         "greedy: sequence 3 cannot fit",
     ]
+
+
+@pytest.mark.parametrize(
+    "data,says",
+    [
+        ("512,3\n".encode("utf-16"), "UTF-16 text; save it as UTF-8"),
+        (b"512,3\n\xff\xfe\x00bad", "not UTF-8 text"),
+    ],
+)
+def test_from_histogram_refuses_foreign_encodings_from_the_python_api(tmp_path, data, says):
+    # The CLI read histograms safely; the Python API raised UnicodeDecodeError (session 7).
+    f = tmp_path / "hist.csv"
+    f.write_bytes(data)
+    with pytest.raises(DcpOptError, match=f"histogram file .*hist.csv.*: {says}"):
+        LengthDistribution.from_histogram(f)
