@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from dcp_opt.batch import MAX_SEQUENCES as BATCH_MAX_SEQUENCES
 from dcp_opt.batch import Batch
 from dcp_opt.bounds import lower_bound
 from dcp_opt.build import make_plan
@@ -26,8 +27,11 @@ from dcp_opt.validate import InvalidPlanError, validate
 # on the shared 2-core box; the batch itself 0.32 GB) and 4.8 GB for 5,000,000 (330 s; the
 # issue's run: 6.9 GB, 2 min 11 s). Above the cap a batch is refused
 # with how to split it: one call plans one optimizer step, and a step of more sequences is
-# several steps' worth (solvers/stream/step_former.py forms steps from a stream).
-MAX_SEQUENCES = 1_000_000
+# several steps' worth (solvers/stream/step_former.py forms steps from a stream). The cap is
+# the core's (dcp_opt.batch.MAX_SEQUENCES = 2**20, ~1.1 GB of planning at the cap): one number,
+# so a batch that builds is never refused by every planner. Read here as a module global, so a
+# test may lower it for the planners alone.
+MAX_SEQUENCES = BATCH_MAX_SEQUENCES
 
 
 def check_batch_size(batch: Batch, *, where: str = "planner") -> None:

@@ -257,8 +257,12 @@ def test_a_batch_above_the_cap_is_refused_with_how_to_split_it(monkeypatch):
     assert run_planner("greedy", BATCH, _cost()).ok  # at the cap: planned
 
 
-def test_the_cap_is_a_million_sequences():
-    assert solvers_common.MAX_SEQUENCES == 1_000_000
+def test_the_planners_cap_is_the_batchs_cap():
+    # One cap (session 7 had two: a batch of 1,000,001..1,048,576 sequences built and was
+    # refused by every planner).
+    from dcp_opt.batch import MAX_SEQUENCES
+
+    assert solvers_common.MAX_SEQUENCES == MAX_SEQUENCES == 2**20
 
 
 def _zero_time_cost(overhead_s: float) -> CostModel:
