@@ -233,3 +233,28 @@ def test_an_internal_error_exits_3_with_one_line(tmp_path, capsys, monkeypatch):
 def test_readme_documents_exit_code_3():
     readme = " ".join((REPO / "README.md").read_text().split())
     assert "Exit code 3 is an internal error, a bug in dcp_opt" in readme
+
+
+def test_tokens_per_gpu_with_a_lengths_file_is_refused_not_ignored(tmp_path, capsys):
+    lengths = _file(tmp_path, "l.txt", "4096\n128\n")
+    argv = ["plan", "--lengths", lengths, "--cluster", "h200x8", "--tokens-per-gpu", "1024"]
+    assert main(argv) == 2
+    assert "--tokens-per-gpu: only with --workload" in capsys.readouterr().err
+
+
+def test_simulate_takes_ring_from_a_plan_that_records_no_inputs(tmp_path, capsys):
+    # A plan with ring groups and no fingerprint_inputs (made through the Python API before
+    # they were recorded): simulate offered only ulysses,cp and called the ring group BAD_KIND.
+    lengths = _file(tmp_path, "l.txt", "131072\n262144\n")
+    out = str(tmp_path / "plan.json")
+    common = ["--lengths", lengths, "--cluster", "h200x8", "--model", "llama-7b"]
+    assert main(["plan", *common, "--sp-kinds", "ulysses,cp,ring", "--out", out]) == 0
+    doc = json.loads(Path(out).read_text())
+    kinds = {g["kind"] for ph in doc["phases"] for g in ph["groups"]}
+    assert "ring" in kinds, kinds  # the instance is one where ring wins
+    for g in (g for ph in doc["phases"] for g in ph["groups"]):
+        g["kind"] = "ring"
+    doc.pop("fingerprint_inputs")
+    Path(out).write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["simulate", out, *common, "--ignore-fingerprint"]) == 0, capsys.readouterr()

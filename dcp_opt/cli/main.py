@@ -32,6 +32,7 @@ from ..analysis.kind_map import kind_shares
 from ..batch import Batch
 from ..cluster import GB
 from ..cost import SHARDING_MODES, CostModel
+from ..cost.cp import SP_KINDS
 from ..errors import DcpOptError, format_bytes, read_text
 from ..inputs import cost_model, load_cluster
 from ..plan import Plan, fingerprint_inputs
@@ -76,7 +77,12 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         help=f"a standard workload: {', '.join(w.name for w in STANDARD_WORKLOADS)}",
     )
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0); planner seed")
-    p.add_argument("--tokens-per-gpu", type=types.tokens_per_gpu, default=DEFAULT_TOKENS_PER_GPU)
+    p.add_argument(
+        "--tokens-per-gpu",
+        type=types.tokens_per_gpu,
+        default=None,
+        help=f"with --workload: tokens drawn per GPU (default {DEFAULT_TOKENS_PER_GPU})",
+    )
     p.add_argument("--cluster", default=None, help=f"{CLUSTER_HELP} (default {DEFAULT_CLUSTER})")
     p.add_argument(
         "--model",
@@ -110,20 +116,24 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     recorded = plan.fingerprint_inputs if plan is not None else {}
     cluster = load_cluster(cluster_choice(args.cluster, recorded, DEFAULT_CLUSTER))
     if args.lengths is not None:
+        if args.tokens_per_gpu is not None:  # it would be silently unused
+            raise DcpOptError(
+                "--tokens-per-gpu: only with --workload (a --lengths file is the batch as given)"
+            )
         batch = load_batch(args.lengths)
     else:
         batch = standard_batch(
             args.workload,
             args.seed or 0,
             num_gpus=cluster.num_gpus,
-            tokens_per_gpu=args.tokens_per_gpu,
+            tokens_per_gpu=args.tokens_per_gpu or DEFAULT_TOKENS_PER_GPU,
         )
     sharding = args.optimizer_sharding or (plan and plan.optimizer_sharding) or "zero1"
     if args.sp_kinds is None:  # simulate/show: the plan's kinds, else Ulysses
-        args.sp_kinds = recorded.get("sp_kinds") or (
-            "ulysses,cp" if plan and any(g.kind == "cp" for ph in plan.phases for g in ph.groups)
-            else "ulysses"
-        )  # fmt: skip
+        used = {g.kind for ph in plan.phases for g in ph.groups} if plan else set()
+        args.sp_kinds = recorded.get("sp_kinds") or ",".join(
+            k for k in SP_KINDS if k == "ulysses" or k in used
+        )
     model = model_choice(args, recorded, batch.kind, DEFAULT_MODELS[batch.kind])
     cost = cost_model(
         kind=batch.kind,
