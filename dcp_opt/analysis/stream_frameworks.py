@@ -21,10 +21,11 @@ three rows differ only in the planner. Their stream bound is the bound over the 
 (the per-step tables take the least over cost.sp_kinds; ring's overlap is left out, so it is
 looser than over ulysses and cp).
 
-Each framework runs at its users' best setting: tuned on the first `framework_tune_steps`
-steps of the row (StreamConfig, default 2; 0 runs the planners' defaults), on its own kind,
-the setting then fixed for the epoch and written in the row (`setting`, Megatron's with its
-`kind`); see `tuned_setting`.
+Each framework runs at the setting its users would pick: tuned on the first
+`framework_tune_steps` steps of the row (StreamConfig, default 2; 0 runs the planners'
+defaults), on its own kind, the setting then fixed for the epoch and written in the row
+(`setting`, Megatron's with its `kind`); see `tuned_setting`. That is not always its best
+fixed setting over the epoch (benchmarks/bench_framework_settings.py, docs/baselines.md).
 
 2D workloads are left out: neither framework serves a video DiT (solvers/baselines/megatron.py).
 """
