@@ -6,17 +6,19 @@
 h200x32, llama-7b and llama3-8b, the 1D standard workloads (64K tokens per GPU) plus
 `1d-256k-1m` (lengths uniform in [256K, 1M], 128K tokens per GPU). Per (model, workload), over
 seeded batches: the median per-batch speedup of the best project planner (greedy and cpsat
-with CostModel.sp_kinds = ulysses + cp, the faster of the two per batch) over
+with CostModel.sp_kinds = ulysses + cp + ring, the faster of the two per batch) over
 megatron_dynamic_cp, verl_balanced (their default settings), megatron_tuned and verl_tuned (the
 same at their best setting per batch, with the setting), static_tuned and Ulysses-only
 greedy, the number of
 batches where it is slower than Ulysses-only greedy (the acceptance: 0), and the kinds it
 chose as shares of the GPU-time of its micro-batches (simulate's events, degree x seconds).
+Every baseline runs on the same cost model; Megatron's groups are ring (its own kind,
+TransformerEngine's P2P ring: MEGATRON, in its default and tuned runs), verl's Ulysses.
 Figures are the cost model's (FLOP presets): a one-batch framing, not the stream's.
---map prints, per model, where each kind wins: cp time / Ulysses time of one sequence alone
+--map prints, per model, where each kind wins: cp and ring time / Ulysses time of one sequence alone
 (each at its fewest recomputed layers that fit; "ulys only": only Ulysses fits, "-": neither)
 over length x degree (dcp_opt.analysis.kind_map, which `dcp-opt whatif --sp-kinds ulysses,cp`
-also writes).
+also writes; here with ring).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from dcp_opt.simulate import simulate
 
 WORKLOADS = ("1d-short", "1d-balanced", "1d-long", "1d-256k-1m")
 BASE = ("megatron_dynamic_cp", "verl_balanced", "static_tuned", "greedy")
+KINDS = ("ulysses", "cp", "ring")  # offered to the project's planners and the baselines
+MEGATRON = {"kind": "ring"}  # Megatron-Core's CP: TransformerEngine's P2P ring
 # the frameworks at their users' best setting (solvers/baselines/tuned.py: Megatron's
 # max_seqlen_per_rank 2K-128K x recompute, verl's max_token_len 2K-128K x balance x
 # checkpointing; settings that run out of memory dropped)
@@ -59,21 +63,22 @@ def kind_shares(plan, batch, cost) -> dict[str, float]:
 
 def one(model: str, workload: str, seed: int, cluster: str) -> dict:
     base = CostModel(model_preset(model), cluster_preset(cluster))
-    kinds = base.with_(sp_kinds=("ulysses", "cp"))
+    kinds = base.with_(sp_kinds=KINDS)
     n = base.cluster.num_gpus
     if workload == "1d-256k-1m":
         batch = long_batch(seed, n * 128 * 1024)
     else:
         batch = standard_batch(workload, seed=seed, num_gpus=n)
-    # the baselines where the system offers cp (megatron_dynamic_cp's groups are cp), the
-    # Ulysses-only greedy on the Ulysses-only cost model
-    times = {
-        name: run_planner(name, batch, base if name == "greedy" else kinds).predicted_step_time_s
-        for name in BASE
-    }
+    # the baselines on the cost model offering the three kinds (megatron_dynamic_cp's groups
+    # ring), the Ulysses-only greedy on the Ulysses-only cost model
+    times = {}
+    for name in BASE:
+        options = MEGATRON if name == "megatron_dynamic_cp" else {}
+        cost = base if name == "greedy" else kinds
+        times[name] = run_planner(name, batch, cost, **options).predicted_step_time_s
     settings = {}
     for name, plan in TUNED.items():
-        res = plan(batch, kinds)
+        res = plan(batch, kinds, **(MEGATRON if name == "megatron_tuned" else {}))
         times[name] = res.predicted_step_time_s
         settings[name] = res.stats["setting"]
     ours = [run_planner("greedy", batch, kinds)]
@@ -96,7 +101,7 @@ def kind_map_lines(model: str, cluster: str) -> list[str]:
     """The library's kind map (dcp_opt.analysis.kind_map) of one model, as text."""
     from dcp_opt.analysis.kind_map import kind_map, map_lines
 
-    cost = CostModel(model_preset(model), cluster_preset(cluster))
+    cost = CostModel(model_preset(model), cluster_preset(cluster), sp_kinds=KINDS)
     return map_lines(kind_map(cost, (2048, 8192, 32768, 131072, 524288, 1048576)), model)
 
 
@@ -133,7 +138,8 @@ def main(argv=None) -> int:
             line["kind_share"] = {k: round(v, 3) for k, v in shares.items()}
             summary.append(line)
             print(json.dumps(line), flush=True)
-    out = {"config": vars(args), "summary": summary, "rows": rows}
+    config = {**vars(args), "sp_kinds": list(KINDS), "megatron_options": MEGATRON}
+    out = {"config": config, "summary": summary, "rows": rows}
     out["wall_time_s"] = time.perf_counter() - t0
     if args.json:
         with open(args.json, "w") as f:

@@ -33,6 +33,19 @@ def test_valid_on_every_standard_workload(planner, workload):
         assert "cp" in kinds or all(g.degree == 1 for g in res.plan.phases[0].groups)
 
 
+@pytest.mark.parametrize("workload", [w.name for w in STANDARD_WORKLOADS if w.kind == "1d"])
+def test_megatron_groups_are_ring_where_ring_is_offered(workload):
+    """Issue 25: Megatron-Core's CP is TransformerEngine's P2P ring, its default kind where
+    the cost model offers ring; verl keeps Ulysses on the same cost model."""
+    cost = COSTS["1d"].with_(sp_kinds=("ulysses", "cp", "ring"))
+    batch = standard_batch(workload, seed=0, num_gpus=32, tokens_per_gpu=16384)
+    res = run_planner("megatron_dynamic_cp", batch, cost, max_seqlen_per_rank=4096)
+    assert validate(res.plan, batch, cost) == [] and res.stats["kind"] == "ring"
+    assert {g.kind for ph in res.plan.phases for g in ph.groups if g.degree > 1} == {"ring"}
+    verl = run_planner("verl_balanced", batch, cost)
+    assert {g.kind for ph in verl.plan.phases for g in ph.groups} == {"ulysses"}
+
+
 def test_megatron_schedule_gains_nothing_from_idle_ranks():
     cost = COSTS["1d"]
     batch = Batch.from_lengths([200_000, 50_000, 8000, 8000, 4000, 2000, 1000, 1000])

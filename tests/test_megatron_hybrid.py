@@ -54,3 +54,13 @@ def test_megatron_hybrid_cp_refused_without_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, MODULE, None)  # import of it raises ImportError
     with pytest.raises(DcpOptError, match=r"install the extra: pip install -e \".\[megatron\]\""):
         run_planner("megatron_hybrid_cp", standard_batch("1d-short", seed=0, num_gpus=32), COST)
+
+
+def test_megatron_hybrid_cp_groups_are_ring_where_ring_is_offered(released):
+    """Issue 25: the released package's groups run as Megatron runs them, TransformerEngine's
+    P2P ring, the default kind where the cost model offers ring."""
+    cost = COST.with_(sp_kinds=("ulysses", "cp", "ring"))
+    batch = standard_batch("1d-long", seed=0, num_gpus=32, tokens_per_gpu=16384)
+    res = run_planner("megatron_hybrid_cp", batch, cost, max_seqlen_per_rank=8192)
+    assert validate(res.plan, batch, cost) == [] and res.stats["kind"] == "ring"
+    assert {g.kind for ph in res.plan.phases for g in ph.groups if g.degree > 1} == {"ring"}

@@ -22,7 +22,8 @@ from dcp_opt.analysis.stream import (
     run_stream,
     stream_epoch,
 )
-from dcp_opt.analysis.stream_frameworks import FRAMEWORKS, framework_runs
+from dcp_opt.analysis.stream_frameworks import CP_KINDS, FRAMEWORKS, framework_runs
+from dcp_opt.analysis.stream_steps import StepCache
 from dcp_opt.cli import main
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import DcpOptError
@@ -171,13 +172,60 @@ def _check_framework_rows(rows: list[dict]) -> None:
     for size in sizes:
         for name in FRAMEWORKS:
             r = by[f"{name}@{size}"]
-            assert r["family"] == "framework" and r["sp_kinds"] == ["ulysses", "cp"]
+            assert r["family"] == "framework" and r["sp_kinds"] == ["ulysses", "cp", "ring"]
             assert r["dropped_tokens"] == 0 and r["epoch_time_s"] >= r["bound_s"] * (1 - 1e-9)
-            # issue 25: each at the setting tuned on the first steps (tuned.py's grid)
+            # issue 25: each at the setting tuned on the first steps (tuned.py's grid), on
+            # its own kind: Megatron's ring (TransformerEngine's P2P ring), verl's Ulysses
             assert isinstance(r["setting"], dict) and r["setting"], r["setting"]
+            assert "max_seqlen_per_rank" in r["setting"] or "max_token_len_per_gpu" in r["setting"]
+        assert by[f"megatron_dynamic_cp@{size}"]["setting"]["kind"] == "ring"
+        assert "kind" not in by[f"verl_balanced@{size}"]["setting"]
         cp, ulysses = by[f"greedy+cp@{size}"], by[f"greedy@{size}"]
         assert cp["family"] == "project" and ulysses["sp_kinds"] == ["ulysses"]
         assert cp["tokens_per_s"] >= ulysses["tokens_per_s"] * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("tune_steps", [2, 0])
+def test_megatron_is_tuned_and_run_on_ring_groups(monkeypatch, tune_steps):
+    """Issue 25: every plan Megatron makes in the stream, its tuning sweep included, has ring
+    groups (its own kind), on a cost model offering the three kinds that greedy+cp gets too;
+    verl's groups stay Ulysses."""
+    import dcp_opt.solvers.baselines.megatron as megatron
+    import dcp_opt.solvers.baselines.verl as verl
+
+    seen = {"megatron": [], "verl": []}
+
+    def spy(name, real):
+        def wrapped(*args, **kw):
+            res = real(*args, **kw)
+            kinds = {g.kind for ph in res.plan.phases for g in ph.groups if g.degree > 1}
+            seen[name].append((args[2].sp_kinds, kinds))
+            return res
+
+        return wrapped
+
+    monkeypatch.setattr(megatron, "plan_of_steps", spy("megatron", megatron.plan_of_steps))
+    monkeypatch.setattr(verl, "finish", spy("verl", verl.finish))
+    epoch, cost = EPOCHS["1d-long"], COSTS["1d"]
+    costs = []
+
+    def run(epoch, cost, planner, steps, options, *args, **kw):
+        costs.append((planner, cost.sp_kinds))
+        return run_fixed(epoch, cost, planner, steps[:2], options, *args, **kw)
+
+    cfg = StreamConfig(workloads=("1d-long",), framework_tune_steps=tune_steps)
+    rows = framework_runs(
+        cfg, "1d-long", epoch, cost, {2 * MILLION: "2M"}, steps_of=data_order_steps,
+        run_fixed=run, cache_of=StepCache, on_done=lambda w, m: None,
+    )  # fmt: skip
+    assert {p for p, _ in costs} == {*FRAMEWORKS, "greedy"}
+    assert all(kinds == CP_KINDS == ("ulysses", "cp", "ring") for _, kinds in costs)
+    assert len(seen["megatron"]) > (2 if tune_steps else 0)  # the sweep's plans and the row's
+    assert all(kinds == CP_KINDS for kinds, _ in seen["megatron"])
+    assert all(groups == {"ring"} for _, groups in seen["megatron"]), seen["megatron"]
+    assert seen["verl"] and all(groups <= {"ulysses"} for _, groups in seen["verl"])
+    by = {r["method"]: r for r in rows}
+    assert by["megatron_dynamic_cp@2M"]["setting"]["kind"] == "ring"
 
 
 def test_frameworks_skip_2d_and_name_the_field():

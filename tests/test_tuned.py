@@ -1,6 +1,7 @@
 """The frameworks tuned as their users tune them (solvers/baselines/tuned.py, issue 25):
 settings that run out of memory or that the framework refuses are dropped, the fastest of
-the rest is kept, Megatron's selective recompute is planned once as none."""
+the rest is kept, Megatron's selective recompute is planned once as none; Megatron's sweep
+runs on its own kind, ring, where the cost model offers it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dcp_opt import Batch, CostModel, cluster_preset, validate
 from dcp_opt.model import model_preset
 
 COST = CostModel(model_preset("llama3-8b"), cluster_preset("h200x32"), sp_kinds=("ulysses", "cp"))
+RING = COST.with_(sp_kinds=("ulysses", "cp", "ring"))
 BATCH = Batch.from_lengths([8192] * 64 + [40_000] * 4)
 
 
@@ -54,3 +56,34 @@ def test_tune_over_steps_keeps_a_setting_that_fits_every_step():
     setting, sweep = tune("megatron_dynamic_cp", steps, COST)
     assert setting and isinstance(sweep[",".join(f"{k}={v}" for k, v in setting.items())], float)
     assert all(isinstance(v, (float, str)) for v in sweep.values())
+
+
+def _kinds(res) -> set[str]:
+    return {g.kind for ph in res.plan.phases for g in ph.groups if g.degree > 1}
+
+
+def test_megatron_is_tuned_on_ring_groups_where_ring_is_offered(monkeypatch):
+    """Issue 25: Megatron-Core's CP is TransformerEngine's P2P ring; the whole sweep runs on
+    ring, so the setting kept is the best on ring, and it names the kind."""
+    import dcp_opt.solvers.baselines.megatron as megatron
+
+    made = []
+
+    def spy(*args, **kw):
+        res = real(*args, **kw)
+        made.append(_kinds(res))
+        return res
+
+    real = megatron.plan_of_steps
+    monkeypatch.setattr(megatron, "plan_of_steps", spy)
+    res = plan_megatron_tuned(BATCH, RING)
+    assert res.stats["setting"]["kind"] == "ring" and _kinds(res) == {"ring"}
+    assert all(k.endswith(",kind=ring") for k in res.stats["sweep"])
+    assert len(made) == len(megatron_settings()) * 2 // 3  # selective reuses none's plan
+    assert all(kinds == {"ring"} for kinds in made)
+    made.clear()
+    setting, sweep = tune("megatron_dynamic_cp", [BATCH], RING, fixed={"kind": "ring"})
+    assert setting["kind"] == "ring" and all(k.endswith(",kind=ring") for k in sweep)
+    assert made and all(kinds == {"ring"} for kinds in made)
+    # where ring is not offered, the sweep names the kind it ran on: cp
+    assert plan_megatron_tuned(BATCH, COST).stats["setting"]["kind"] == "cp"

@@ -18,8 +18,8 @@ framing misjudges them (the published sampler forms no step at all from one such
   the sizes are `step_sizes` plus the median step of published bucket and PAC;
 - on the 1D workloads, the text frameworks' baselines megatron_dynamic_cp and verl_balanced
   run on the same data-order steps (`<framework>@<size>`: both take a fixed global batch),
-  with greedy beside them (`greedy+cp@<size>`), on a cost model offering ulysses and cp
-  (dcp_opt/analysis/stream_frameworks.py);
+  with greedy beside them (`greedy+cp@<size>`), on a cost model offering ulysses, cp and
+  ring, Megatron on ring groups, verl on Ulysses (dcp_opt/analysis/stream_frameworks.py);
 - every step is one optimizer step: simulate() of its plan, which ends with the gradient sync
   (the barrier). The epoch time is the sum over steps. Each step is planned once per cost
   model (dcp_opt/analysis/stream_steps.py, StepCache).
@@ -38,8 +38,8 @@ JSON (`--json OUT`, STREAM_SCHEMA = "dcp-opt-stream/1"):
     methods     one row per (workload, method):
         workload, method, family ("published" | "project" | "framework"), planner,
         drop_last, step_former, target_tokens (null for published), sp_kinds (the cost
-        model's SP kinds: ["ulysses"], or ["ulysses", "cp"] for the framework rows and
-        greedy+cp), num_steps, trained_tokens,
+        model's SP kinds: ["ulysses"], or ["ulysses", "cp", "ring"] for the framework rows
+        and greedy+cp), num_steps, trained_tokens,
         dropped_tokens, dropped_share, epoch_time_s, tokens_per_s,
         step_tokens {median, p10, p90}, step_time_s {median, p10, p90},
         planning_s (all steps), planning_ms_per_step (median), bound_s, gap_to_bound
@@ -142,7 +142,7 @@ class StreamConfig:
     # run's sizes); the stream's StepCache makes each of its plans of a data-order step free
     former_budget_per_step_s: float = 0.02
     # 1D only (dcp_opt.analysis.stream_frameworks): the text frameworks and the project's
-    # planner on a cost model with both SP kinds, at framework_sizes (None: every size)
+    # planner on a cost model with the three SP kinds, at framework_sizes (None: every size)
     frameworks: tuple[str, ...] = FRAMEWORKS
     cp_planner: str | None = "greedy"
     framework_sizes: tuple[int, ...] | None = (2 * MILLION,)

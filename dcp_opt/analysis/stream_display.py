@@ -32,7 +32,8 @@ def render_stream_table(doc: dict):
         "micro-batches, drop_last; /nodrop keeps every sample); planner@size: fixed steps of "
         "that many tokens in data order (+former: the step former); 1D: megatron_dynamic_cp@ "
         "and verl_balanced@size (framework) schedule the same fixed global batches, with "
-        "greedy+cp@size, on a cost model offering ulysses and cp; M = 2^20 tokens; vs X: "
+        "greedy+cp@size, on a cost model offering ulysses, cp and ring (Megatron on ring, verl on "
+        "Ulysses); M = 2^20 tokens; vs X: "
         "tokens/s over published X; gap: epoch time / stream lower bound - 1 (+former rows: the "
         "bound of any reassignment to as many steps, which sees no packing granularity; "
         "own: the bound of the very steps the former formed)",
@@ -134,19 +135,19 @@ def _matched_table(doc: dict):
 
 
 def render_framework_table(doc: dict):
-    """1D: greedy on the cost model with both SP kinds against the text frameworks, at the
+    """1D: greedy on the cost model with the three SP kinds against the text frameworks, at the
     same fixed steps (dcp_opt.analysis.stream_frameworks)."""
     from rich.table import Table
 
     table = Table(
-        title="text frameworks at the same fixed steps (data order, ulysses + cp offered): "
-        "greedy+cp over each",
+        title="text frameworks at the same fixed steps (data order, ulysses + cp + ring "
+        "offered): greedy+cp over each",
         title_justify="left",
         caption="megatron_dynamic_cp: Megatron-Core dev's dynamic CP schedule of each global "
         "batch; verl_balanced: verl's dynamic batch size (Karmarkar-Karp micro-batches, one "
         "Ulysses degree); each at the setting tuned on the first steps (setting columns); "
-        "gap: to the stream bound over both kinds. Megatron's groups are all-gather cp until "
-        "ring attention lands (issue 25 item 3)",
+        "gap: to the stream bound over the three kinds. Megatron's groups are ring (its own "
+        "kind: TransformerEngine's P2P ring), verl's Ulysses; greedy+cp chooses per group",
         caption_justify="left",
     )
     cols = ("workload", "step", "vs megatron", "vs verl", "vs greedy (ulysses)", "gap",
@@ -174,7 +175,7 @@ def _setting(setting) -> str:
     if not isinstance(setting, dict):
         return str(setting or "-")
     short = {"max_seqlen_per_rank": "M", "max_token_len_per_gpu": "len", "recompute": "",
-             "balance": "", "checkpointing": "ckpt"}  # fmt: skip
+             "balance": "", "checkpointing": "ckpt", "kind": ""}  # fmt: skip
     parts = []
     for k, v in setting.items():
         v = f"{v // 1024}K" if isinstance(v, int) and not isinstance(v, bool) else v

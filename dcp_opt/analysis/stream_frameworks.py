@@ -9,16 +9,23 @@ and decide only how it runs; neither forms its own optimizer steps from a stream
 - Megatron-Core's dynamic CP schedules the sequences of a given global batch into CP groups
   and micro-steps (data_schedule.py, get_groups_and_subsamples; solvers/baselines/megatron.py).
 So each runs on the same fixed-size steps in data order as the project's planners
-(`<framework>@<size>`), every sample trained once. The cost model offers both SP kinds
-(CostModel.sp_kinds = ulysses + cp) for them: Megatron's groups are `cp` (its published kind,
-modelled as all-gather-KV: docs/cost-model.md), verl keeps Ulysses (its published kind). The
+(`<framework>@<size>`), every sample trained once. The cost model offers the three SP kinds
+(CostModel.sp_kinds = CP_KINDS: ulysses, cp = all-gather-KV, ring = TransformerEngine's P2P
+ring, dcp_opt/cost/ring.py) to every row. Each framework runs on its own kind
+(FRAMEWORK_KINDS): Megatron's groups are `ring` (Megatron-Core's context parallelism is TE's
+P2P ring: megatron-core 0.16.1, core/extensions/transformer_engine.py:1240-1241, cp_comm_type
+None -> "p2p"), verl keeps Ulysses (its published kind; verl_balanced has no other). The
 project's greedy planner runs on the same steps and cost model, choosing the kind per group
-(`greedy+cp@<size>`), so the three rows differ only in the planner. Their stream bound is the
-bound over both kinds (the per-step tables take the least over cost.sp_kinds).
+among the three (`greedy+cp@<size>`: "+cp" for the CP kinds offered, cp and ring), so the
+three rows differ only in the planner. Their stream bound is the bound over the three kinds
+(the per-step tables take the least over cost.sp_kinds; ring's overlap is left out, so it is
+looser than over ulysses and cp).
 
-Each framework runs at its users' best setting: tuned on the first `framework_tune_steps`
-steps of the row (StreamConfig, default 2; 0 runs the planners' defaults), the setting then
-fixed for the epoch and written in the row (`setting`); see `tuned_setting`.
+Each framework runs at the setting its users would pick: tuned on the first
+`framework_tune_steps` steps of the row (StreamConfig, default 2; 0 runs the planners'
+defaults), on its own kind, the setting then fixed for the epoch and written in the row
+(`setting`, Megatron's with its `kind`); see `tuned_setting`. That is not always its best
+fixed setting over the epoch (benchmarks/bench_framework_settings.py, docs/baselines.md).
 
 2D workloads are left out: neither framework serves a video DiT (solvers/baselines/megatron.py).
 """
@@ -30,8 +37,11 @@ from collections.abc import Callable
 from .stream_figures import method_row
 
 FRAMEWORKS = ("megatron_dynamic_cp", "verl_balanced")
-CP_KINDS = ("ulysses", "cp")
-CP_TAG = "+cp"  # the project planner's row on the cp-enabled cost model: greedy+cp@size
+CP_KINDS = ("ulysses", "cp", "ring")
+# each framework's own SP kind, fixed in all its runs, tuning included (module doc); verl's
+# planner has no kind option: its groups are Ulysses
+FRAMEWORK_KINDS = {"megatron_dynamic_cp": {"kind": "ring"}, "verl_balanced": {}}
+CP_TAG = "+cp"  # the project planner's row on the cost model offering CP_KINDS: greedy+cp@size
 
 
 def framework_runs(
@@ -66,7 +76,7 @@ def framework_runs(
             planners.append((config.cp_planner, config.cp_planner + CP_TAG, "project"))
         for planner, tag, family in planners:
             name = f"{tag}@{label}"
-            options = {}
+            options = FRAMEWORK_KINDS[planner] if family == "framework" else {}
             if family == "framework" and config.framework_tune_steps:
                 options = tuned_setting(planner, steps, cache, cp_cost, config.framework_tune_steps)
             run = run_fixed(epoch, cp_cost, planner, steps, options, 0, bound=bound, cache=cache)
@@ -86,11 +96,13 @@ def tuned_setting(planner: str, steps, cache, cost, num_steps: int) -> dict:
     """The framework's best setting on the first `num_steps` steps, as its users tune it
     (solvers/baselines/tuned.py `tune`: Megatron's max_seqlen_per_rank 2K-128K x recompute,
     verl's max_token_len 2K-128K x balance x checkpointing; settings that run out of memory
-    dropped); {} (its defaults) if every setting is dropped."""
+    dropped), every setting on the framework's own kind (FRAMEWORK_KINDS); that kind alone
+    (its defaults otherwise) if every setting is dropped."""
     from dcp_opt.solvers.baselines.tuned import tune
 
-    setting, _ = tune(planner, [cache.batch(ids) for ids in steps[:num_steps]], cost)
-    return setting
+    fixed = FRAMEWORK_KINDS[planner]
+    setting, _ = tune(planner, [cache.batch(ids) for ids in steps[:num_steps]], cost, fixed=fixed)
+    return setting or dict(fixed)
 
 
 def count_runs(config, sizes_per_workload: int) -> int:

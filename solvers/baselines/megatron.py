@@ -21,9 +21,11 @@ functions (docs/baselines.md, "megatron_dynamic_cp"). The options are Megatron's
   max_seqlen_per_rank above;
 - `vpp_group`: `microbatch_group_size_per_vp_stage` (data_schedule.py:439-445); dcp_opt has
   no pipeline stages, so only the micro-step count changes;
-- `kind`: the SP kind of every group: None is "cp" where the cost model offers it, else
-  "ulysses". Megatron's CP is ring attention; a `ring` kind slots in here (kind="ring") once
-  dcp_opt.cost offers it (issue 25 item 3).
+- `kind`: the SP kind of every group. None is Megatron's own, ring attention (`KIND`:
+  TransformerEngine's P2P ring, dcp_opt/cost/ring.py), where the cost model offers it, else
+  "cp" (all-gather-KV) where offered, else "ulysses"; the stream and one-batch benchmarks
+  offer ring and pass kind="ring" (dcp_opt/analysis/stream_frameworks.py,
+  benchmarks/bench_cp.py).
 
 What dcp_opt changes, each only where the plan needs it (docs/baselines.md, the table):
 - sequences train unpadded: the schedule is made on padded lengths, the plan prices the
@@ -54,6 +56,11 @@ from dcp_opt.result import PlanResult
 from .megatron_schedule import groups_of, schedule
 
 RECOMPUTE = ("none", "selective", "full")
+# Megatron-Core's context parallelism: TransformerEngine's P2P ring (AttnFuncWithCPAndKVP2P,
+# the default cp_comm_type "p2p"), dcp_opt's `ring` kind; the fallbacks where a cost model
+# does not offer it, in order
+KIND = "ring"
+KIND_FALLBACKS = ("cp", "ulysses")
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ def resolve_settings(
 ) -> Settings:
     """The options checked, with the defaults of the module doc filled in."""
     _check_options(max_seqlen_per_rank, 1, pad_to_multiple_of, recompute, None)
-    kind = _kind(cost, kind)
+    kind = resolve_kind(cost, kind)
     pad = 2 * cost.cluster.num_gpus if pad_to_multiple_of is None else pad_to_multiple_of
     if max_seqlen_per_rank is None or recompute is None:
         longest = max(n for _, n in padded_lengths(batch, pad))  # the scheduler sees these
@@ -165,9 +172,11 @@ def _check_options(m, min_cp, pad, recompute, vpp) -> None:
         raise DcpOptError(f"recompute: {recompute!r} not allowed; allowed: {list(RECOMPUTE)}")
 
 
-def _kind(cost: CostModel, kind: str | None) -> str:
+def resolve_kind(cost: CostModel, kind: str | None) -> str:
+    """`kind` checked against the cost model's SP kinds; None: Megatron's own where offered
+    (KIND, ring), else the first of KIND_FALLBACKS offered (module doc)."""
     if kind is None:
-        return "cp" if "cp" in cost.sp_kinds else "ulysses"
+        return next(k for k in (KIND, *KIND_FALLBACKS) if k in cost.sp_kinds)  # ulysses: always
     if kind not in cost.sp_kinds:
         raise DcpOptError(f"kind: {kind!r} not allowed; allowed: {list(cost.sp_kinds)}")
     return kind

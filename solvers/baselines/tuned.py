@@ -13,7 +13,10 @@ Grids (issue 25 item 4):
 - Megatron: max_seqlen_per_rank in powers of two 2K..128K x recompute none / selective / full
   (megatron.py: selective is priced as none in dcp_opt's activation model, so it is planned
   once and reported with none's time), dev's scheduler (`megatron_dynamic_cp`) or the
-  released one (`released=True`: `megatron_hybrid_cp`);
+  released one (`released=True`: `megatron_hybrid_cp`), on ring groups (Megatron's kind,
+  megatron.KIND) where the cost model offers ring: the whole sweep runs on the kind the
+  setting then runs on (`plan_megatron_tuned(kind=)`, `tune(fixed={"kind": "ring"})`), and
+  the setting names it;
 - verl: ppo_max_token_len_per_gpu in powers of two 2K..128K x balance workload / tokens x
   gradient checkpointing off / on, the degree tuned as in verl_balanced.
 """
@@ -29,7 +32,7 @@ from dcp_opt.cost import CostModel
 from dcp_opt.errors import InfeasibleError
 from dcp_opt.result import PlanResult
 
-from .megatron import plan_megatron_dynamic_cp
+from .megatron import plan_megatron_dynamic_cp, resolve_kind
 from .megatron_hybrid import plan_megatron_hybrid_cp
 from .verl import plan_verl_balanced
 
@@ -38,8 +41,10 @@ MEGATRON_GRID = tuple((m, r) for m in LENGTHS for r in ("none", "selective", "fu
 VERL_GRID = tuple((m, b, c) for m in LENGTHS for b in ("workload", "tokens") for c in (False, True))
 
 
-def megatron_settings(grid: Iterable = MEGATRON_GRID) -> list[dict]:
-    return [{"max_seqlen_per_rank": m, "recompute": r} for m, r in grid]
+def megatron_settings(grid: Iterable = MEGATRON_GRID, *, kind: str | None = None) -> list[dict]:
+    """Megatron's settings of `grid`, each on SP kind `kind` (None: the planner's default)."""
+    fixed = {} if kind is None else {"kind": kind}
+    return [{"max_seqlen_per_rank": m, "recompute": r, **fixed} for m, r in grid]
 
 
 def verl_settings(grid: Iterable = VERL_GRID) -> list[dict]:
@@ -87,18 +92,25 @@ def _finish(res: PlanResult, planner: str, setting, sweep, all_oom, t0) -> PlanR
 
 
 def plan_megatron_tuned(
-    batch: Batch, cost: CostModel, *, seed: int = 0, released: bool = False, settings=None
+    batch: Batch,
+    cost: CostModel,
+    *,
+    seed: int = 0,
+    released: bool = False,
+    settings=None,
+    kind: str | None = None,
 ) -> PlanResult:
-    """Megatron's dynamic CP at its best setting of MEGATRON_GRID (module doc)."""
+    """Megatron's dynamic CP at its best setting of MEGATRON_GRID (module doc), every setting
+    on SP kind `kind` (None: megatron.resolve_kind's, ring where the cost model offers it;
+    the setting names the kind either way)."""
     t0 = time.perf_counter()
     plan = plan_megatron_hybrid_cp if released else plan_megatron_dynamic_cp
 
     def alias(s):
         return {**s, "recompute": "none"} if s.get("recompute") == "selective" else None
 
-    res, setting, sweep, all_oom = best_setting(
-        plan, settings or megatron_settings(), batch, cost, alias=alias
-    )
+    settings = settings or megatron_settings(kind=resolve_kind(cost, kind))
+    res, setting, sweep, all_oom = best_setting(plan, settings, batch, cost, alias=alias)
     return _finish(res, "megatron_tuned", setting, sweep, all_oom, t0)
 
 
@@ -118,15 +130,20 @@ PLANNER_GRIDS = {  # planner -> (its settings, the setting another's plan stands
 }
 
 
-def tune(planner: str, batches: list[Batch], cost: CostModel) -> tuple[dict, dict]:
+def tune(
+    planner: str, batches: list[Batch], cost: CostModel, *, fixed: dict | None = None
+) -> tuple[dict, dict]:
     """(the best setting of `planner` over a few batches, {setting: summed step time or why
     not}): as a user tunes on the first steps of a run; a setting that runs out of memory
-    or is refused on any batch is dropped (module doc). {} if every setting is."""
+    or is refused on any batch is dropped (module doc). {} if every setting is. `fixed`:
+    options held in every setting of the sweep and in the one returned (Megatron's
+    {"kind": "ring"}: the sweep runs on the kind the setting then runs on)."""
     from dcp_opt.solvers import get_planner
 
     make, alias_kind = PLANNER_GRIDS[planner]
+    grid = [{**setting, **(fixed or {})} for setting in make()]
     fn, sweep = get_planner(planner), {}
-    for setting in make():
+    for setting in grid:
         key = _key(setting)
         if alias_kind == "megatron" and setting["recompute"] == "selective":
             sweep[key] = sweep[_key({**setting, "recompute": "none"})]
@@ -147,4 +164,4 @@ def tune(planner: str, batches: list[Batch], cost: CostModel) -> tuple[dict, dic
     if not fits:
         return {}, sweep
     best = min(fits, key=fits.get)
-    return next(s for s in make() if _key(s) == best), sweep
+    return next(s for s in grid if _key(s) == best), sweep
