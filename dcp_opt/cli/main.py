@@ -40,7 +40,7 @@ from ..validate import validate
 from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
 from . import args as types
 from . import handoff
-from .args import add_sp_kinds, sp_kinds, split
+from .args import add_sp_kinds, int_in, sp_kinds, split
 from .bench import add_bench_parser
 from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
 from .profile import add_profile_parser
@@ -91,6 +91,20 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         choices=SHARDING_MODES,
         help="default zero1 (simulate, show: the plan's own)",
     )
+    p.add_argument(
+        "--tp",
+        type=int_in(1, 1 << 16),
+        default=None,
+        help="tensor-parallel GPUs per unit, dividing the node and the heads; the planner's "
+        "ranks are units (default 1; simulate, show: the plan's own)",
+    )
+    p.add_argument(
+        "--shard-domain",
+        type=int_in(0, 1 << 16),
+        default=None,
+        help="zero3 per layer over aligned blocks of this many units (0: parameters gathered "
+        "once per step; default 0; simulate, show: the plan's own)",
+    )
     add_sp_kinds(p, default=None if from_plan else "ulysses")
 
 
@@ -133,10 +147,20 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
         default_model=DEFAULT_MODELS[batch.kind],
         optimizer_sharding=sharding,
         sp_kinds=sp_kinds(args, batch.kind),
+        **_layout(args, plan),
     )
     if args.profile:
         profile_warning(args.profile, cluster)
     return batch, cost
+
+
+def _layout(args: argparse.Namespace, plan: Plan | None) -> dict:
+    """--tp and --shard-domain as CostModel fields; left out: the plan's (simulate, show)."""
+    tp = args.tp if args.tp is not None else (plan.tensor_parallel if plan else 1)
+    domain = args.shard_domain
+    if domain is None:
+        domain = plan.shard_domain if plan else 0
+    return {"tensor_parallel": tp, "shard_domain": domain}
 
 
 def _write(path: str, text: str, field: str) -> None:
@@ -385,6 +409,13 @@ def _add_whatif(sub) -> None:
     )
     p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="sweep tensor parallelism x optimizer sharding (zero1, zero3) x zero3 shard "
+        "domain instead: which settings fit, each one's step time (greedy, bucket, "
+        "static_tuned; --planners to choose), the fastest (dcp_opt.analysis.whatif_layout)",
+    )
     add_sp_kinds(p, note="; with cp the document has the kind map (where each kind wins)")
     p.set_defaults(func=cmd_whatif)
 
@@ -422,6 +453,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     )
     if args.profile:
         profile_warning(args.profile, cluster)
+    if args.layouts:
+        return _whatif_layouts(args, dist, cost)
     config = WhatIfConfig(
         cluster=cost.cluster.name,
         model=cost.model.name,
@@ -453,6 +486,30 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         save_whatif_png(doc, args.plot)
         print(f"wrote {args.plot}")
     print(f"whatif took {doc['wall_time_s']:.1f} s")
+    return 0
+
+
+def _whatif_layouts(args: argparse.Namespace, dist, cost: CostModel) -> int:
+    """`whatif --layouts`: the TP x mode x shard-domain sweep on --batches sampled batches."""
+    from ..analysis.whatif import check_sample_size
+    from ..analysis.whatif_layout import layout_lines, layout_sweep
+
+    budget = cost.gpu_cluster.num_gpus * args.tokens_per_gpu
+    check_sample_size(dist, budget)
+    batches = [dist.sample_batch(args.seed + i, budget) for i in range(args.batches)]
+    planners = split(args.planners) or ("greedy", "bucket", "static_tuned")
+    doc = layout_sweep(batches, cost, planners=planners)
+    doc["config"] = {
+        "cluster": cost.gpu_cluster.name,
+        "model": cost.model.name,
+        "num_batches": args.batches,
+        "tokens_per_gpu": args.tokens_per_gpu,
+        "seed": args.seed,
+    }
+    for line in layout_lines(doc):
+        print(line)
+    if args.json:
+        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     return 0
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from dcp_opt.solvers.bounds.rank_plan import tree_candidate
 from dcp_opt.solvers.common import finish, gc_paused
+from dcp_opt.solvers.greedy.align import align_domains
 from dcp_opt.solvers.greedy.assign import safe_draft, to_phases
 from dcp_opt.solvers.greedy.blocks import search_blocks
 from dcp_opt.solvers.greedy.instance import Draft, Instance, make_instance
@@ -64,6 +65,7 @@ def plan_greedy(
         )
         res = _blind_candidate(res, batch, cost, started)
         res = tree_candidate(res, batch, cost, started)  # few distinct sequences: exact
+        res = _aligned_candidate(res, batch, cost, started)
         if len(cost.sp_kinds) == 1:
             return res
         # cp or ring allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
@@ -101,6 +103,22 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
     )  # fmt: skip
     if alt.predicted_step_time_s < res.predicted_step_time_s:
         return alt
+    return replace(res, wall_time_s=alt.wall_time_s)
+
+
+def _aligned_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: float):
+    """Under per-layer zero3 (shard_domain > 0): `res` with packed micro-batches split where a
+    group runs fewer micro-steps than its domain (align.py), kept where simulate finds it
+    faster than padding."""
+    if not cost.shard_domain:
+        return res
+    phases = [list(ph.groups) for ph in res.plan.phases]
+    aligned = align_domains(phases, batch, cost.shard_domain)
+    if aligned == phases:
+        return res
+    alt = finish(aligned, batch, cost, planner="greedy", started=started, stats=res.stats)
+    if alt.predicted_step_time_s < res.predicted_step_time_s:
+        return replace(alt, stats={**alt.stats, "aligned_domains": True})
     return replace(res, wall_time_s=alt.wall_time_s)
 
 
