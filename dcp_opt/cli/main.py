@@ -151,7 +151,28 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     )
     if args.profile:
         profile_warning(args.profile, cluster)
+    if args.shard_domain is None and plan is None:
+        cost = _auto_shard_domain(cost, batch)
     return batch, cost
+
+
+def _auto_shard_domain(cost: CostModel, batch: Batch) -> CostModel:
+    """`--optimizer-sharding zero3` without `--shard-domain`: the step-level schedule where
+    the states and the longest sequence fit, else per-layer zero3 over the least shard
+    domain where they do (cost/settings.py; a note says which)."""
+    from ..cost.settings import fits, least_shard_domain
+
+    longest = max(q.num_tokens for q in batch.sequences)
+    if cost.optimizer_sharding != "zero3" or fits(cost, longest):
+        return cost
+    s = least_shard_domain(cost, longest)
+    if s is None:
+        return cost  # the planner's error names the states or the sequence
+    note(
+        f"zero3 per layer over shard domains of {s} units: the least whose states and longest "
+        "sequence fit (--shard-domain to choose; 0: gathered once per step)"
+    )
+    return cost.with_(shard_domain=s)
 
 
 def _layout(args: argparse.Namespace, plan: Plan | None) -> dict:

@@ -10,7 +10,7 @@ from ..batch import Batch
 from ..errors import InfeasibleError, format_bytes
 from . import cp as cp_cost
 from . import ring as ring_cost
-from . import zero3
+from . import settings, zero3
 
 SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
 
@@ -119,7 +119,7 @@ class Memory:
             f"model states do not fit: {parts} per GPU under optimizer_sharding {mode}, "
             f"tensor_parallel {t} ({self.model.total_params / 1e9:.2f}B parameters), + "
             f"{format_bytes(self.coeffs.reserved_bytes / t)} reserved; usable capacity "
-            f"{format_bytes(cap / t)} per GPU. {fitting_settings(self)}",
+            f"{format_bytes(cap / t)} per GPU. {settings.fitting_settings(self)}",
             need_bytes=self.fixed_bytes() / t,
             capacity_bytes=cap / t,
         )
@@ -142,47 +142,8 @@ class Memory:
                 f"{format_bytes(need)} per GPU at the largest degree {dmax}{unit} with all "
                 f"{self.model.num_layers} layers recomputed, model states "
                 f"{format_bytes(self.fixed_bytes() / t)} of it; capacity "
-                f"{format_bytes(cap / t)}",
+                f"{format_bytes(cap / t)}. {settings.fitting_settings(self, s.num_tokens)}",
                 sequence_id=s.id,
                 need_bytes=need,
                 capacity_bytes=cap / t,
             )
-
-
-def fitting_settings(cost) -> str:
-    """The smallest settings under which the model states and the reserve fit (the states
-    alone: activations need room too), as CLI flags: the least tensor-parallel degree under
-    the mode, the least zero3 shard domain without TP, else the least pair."""
-    from .units import allowed_tensor_parallel
-    from .zero3 import allowed_domains
-
-    def fits(**kw) -> bool:
-        c = cost.with_(**kw)
-        return c.fixed_bytes() < max(c.capacity(s, 1) for s in range(c.cluster.num_gpus))
-
-    tps = allowed_tensor_parallel(cost.model, cost.gpu_cluster)
-    out = []
-    mode = cost.optimizer_sharding if not cost.shard_domain else "zero1"
-    t = next(
-        (t for t in tps if fits(tensor_parallel=t, optimizer_sharding=mode, shard_domain=0)), None
-    )
-    if t is not None:
-        flag = "" if mode == cost.optimizer_sharding else f" --optimizer-sharding {mode}"
-        out.append(f"--tp {t}{flag}")
-    for tp in tps:
-        units = cost.with_(tensor_parallel=tp, optimizer_sharding="zero3", shard_domain=0)
-        z = [s for s in allowed_domains(units.cluster) if s > 1]
-        s = next(
-            (s for s in z if fits(tensor_parallel=tp, optimizer_sharding="zero3", shard_domain=s)),
-            None,
-        )
-        if s is not None:
-            pre = f"--tp {tp} " if tp > 1 else ""
-            out.append(f"{pre}--optimizer-sharding zero3 --shard-domain {s}")
-            break
-    if not out:
-        return (
-            "No tensor-parallel degree or zero3 shard domain fits it on this cluster: a "
-            "cluster with more GPUs or more memory per GPU"
-        )
-    return "Needs " + ", or ".join(out) + " (the smallest settings whose states fit)"

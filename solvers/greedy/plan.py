@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from dcp_opt.solvers.bounds.rank_plan import tree_candidate
 from dcp_opt.solvers.common import finish, gc_paused
-from dcp_opt.solvers.greedy.align import align_domains
+from dcp_opt.solvers.greedy.align import align_domains, repack_groups
 from dcp_opt.solvers.greedy.assign import safe_draft, to_phases
 from dcp_opt.solvers.greedy.blocks import search_blocks
 from dcp_opt.solvers.greedy.instance import Draft, Instance, make_instance
@@ -107,19 +107,27 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
 
 
 def _aligned_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: float):
-    """Under per-layer zero3 (shard_domain > 0): `res` with packed micro-batches split where a
-    group runs fewer micro-steps than its domain (align.py), kept where simulate finds it
-    faster than padding."""
+    """Under per-layer zero3 (shard_domain > 0): `res` with each group's micro-batches
+    repacked (fewer, larger, where the per-layer gathers make that pay), then with packed
+    micro-batches split where a group runs fewer micro-steps than its domain (align.py);
+    each kept where simulate finds it faster."""
     if not cost.shard_domain:
         return res
-    phases = [list(ph.groups) for ph in res.plan.phases]
-    aligned = align_domains(phases, batch, cost.shard_domain)
-    if aligned == phases:
-        return res
-    alt = finish(aligned, batch, cost, planner="greedy", started=started, stats=res.stats)
-    if alt.predicted_step_time_s < res.predicted_step_time_s:
-        return replace(alt, stats={**alt.stats, "aligned_domains": True})
-    return replace(res, wall_time_s=alt.wall_time_s)
+    passes = (
+        ("repacked", lambda ph: repack_groups(ph, batch, cost)),
+        ("aligned_domains", lambda ph: align_domains(ph, batch, cost.shard_domain)),
+    )
+    for name, make in passes:
+        phases = [list(ph.groups) for ph in res.plan.phases]
+        cand = make(phases)
+        if cand == phases:
+            continue
+        alt = finish(cand, batch, cost, planner="greedy", started=started, stats=res.stats)
+        if alt.predicted_step_time_s < res.predicted_step_time_s:
+            res = replace(alt, stats={**alt.stats, name: True})
+        else:
+            res = replace(res, wall_time_s=alt.wall_time_s)
+    return res
 
 
 def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:
