@@ -3,6 +3,8 @@ planner side of issue 26 (dcp_opt/cost/units.py, dcp_opt/cost/zero3.py)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from dcp_opt.solvers import PLANNERS, run_planner
@@ -202,3 +204,64 @@ def test_model_states_error_says_what_to_change():
     # the least TP under zero1's schedule: t = 8 gives (6 + 12/8) P / 8 = 66.1 GB + 4 GB
     # reserved < 72; the least zero3 domain: 16 P / 32 + in flight 11.2 GB + 4 < 72 (16: 86 GB)
     assert "Needs --tp 8, or --optimizer-sharding zero3 --shard-domain 32" in text
+
+
+# ---- the command line ----------------------------------------------------------------------
+def _cli_lengths(tmp_path, lengths) -> str:
+    p = tmp_path / "l.txt"
+    p.write_text("".join(f"{x}\n" for x in lengths))
+    return str(p)
+
+
+def test_cli_plans_at_a_tp_degree_and_simulate_reads_it_from_the_plan(tmp_path, capsys):
+    from dcp_opt.cli import main
+    from dcp_opt.plan import Plan
+
+    lengths = [30000, 12000, 9000, 4000, 2000, 800]
+    common = ["--lengths", _cli_lengths(tmp_path, lengths), "--model", "llama3-8b"]
+    out = tmp_path / "plan.json"
+    args = ["plan", *common, "--cluster", "h100x64", "--tp", "4", "--out", str(out)]
+    assert main(args) == 0
+    plan = Plan.from_json(out.read_text())
+    assert (plan.tensor_parallel, plan.num_ranks, plan.shard_domain) == (4, 16, 0)
+    cost = CostModel(model_preset("llama3-8b"), cluster_preset("h100x64"), tensor_parallel=4)
+    assert validate(plan, Batch.from_lengths(lengths), cost) == []
+    # simulate without --tp: the plan's own layout (with --tp 2: another layout, refused)
+    assert main(["simulate", str(out), *common, "--cluster", "h100x64"]) == 0
+    assert main(["simulate", str(out), *common, "--cluster", "h100x64", "--tp", "2"]) == 1
+
+
+def test_cli_zero3_without_a_domain_takes_the_least_that_fits(tmp_path, capsys):
+    from dcp_opt.cli import main
+    from dcp_opt.plan import Plan
+
+    out = tmp_path / "plan.json"
+    lengths = _cli_lengths(tmp_path, [9000, 4000, 2000, 1000])
+    args = ["plan", "--lengths", lengths, "--model", "llama3-70b", "--cluster", "h100x64"]
+    assert main([*args, "--optimizer-sharding", "zero3", "--out", str(out)]) == 0
+    # 16 P / 16 + 11.2 GB in flight + 4 GB > 72 GB; at 32: 35.3 + 11.2 + 4 = 50.4 GB
+    assert "shard domains of 32 units" in capsys.readouterr().err
+    assert Plan.from_json(out.read_text()).shard_domain == 32
+    assert main([*args, "--tp", "3"]) == 2
+    assert "tensor_parallel: 3 not allowed" in capsys.readouterr().err
+
+
+def test_whatif_layouts_sweeps_tp_mode_and_domain(tmp_path, capsys):
+    from dcp_opt.cli import main
+
+    lengths = _cli_lengths(tmp_path, [30000, 12000, 9000, 4000, 2000, 800] * 4)
+    doc_path = tmp_path / "w.json"
+    args = ["whatif", "--lengths", lengths, "--model", "llama3-8b", "--cluster", "h100x64"]
+    args += ["--layouts", "--batches", "1", "--planners", "greedy", "--json", str(doc_path)]
+    args += ["--tokens-per-gpu", "4096"]
+    assert main(args) == 0
+    doc = json.loads(doc_path.read_text())
+    flags = {r["flags"] for r in doc["rows"]}
+    # TP 1, 2, 4, 8 (8 kv heads) x zero1, zero3 step-level and each domain of the units
+    assert "--tp 8 --optimizer-sharding zero1" in flags
+    assert "--tp 2 --optimizer-sharding zero3 --shard-domain 32" in flags
+    assert "--tp 1 --optimizer-sharding zero3 --shard-domain 64" in flags
+    fitting = [r for r in doc["rows"] if r["fits"]]
+    best = min(fitting, key=lambda r: r["step_time_s"]["greedy"])
+    assert doc["fastest"]["flags"] == best["flags"]
+    assert "fastest: " + best["flags"] in capsys.readouterr().out
