@@ -251,8 +251,11 @@ def plan_summary(res, sim: SimResult, batch: Batch, cost: CostModel) -> dict:
         **res.summary(),
         "imbalance": sim.imbalance,
         "comm_share": sim.comm_share,
-        "peak_memory_gb": float(sim.peak_memory_bytes.max()) / GB,
-        "capacity_gb": cost.capacity() / GB,
+        # per GPU: a plan rank is a unit of tensor_parallel GPUs, each holding 1/t
+        "peak_memory_gb": float(sim.peak_memory_bytes.max()) / GB / cost.tensor_parallel,
+        "capacity_gb": cost.capacity() / GB / cost.tensor_parallel,
+        "tensor_parallel": cost.tensor_parallel,
+        "shard_domain": cost.shard_domain,
         "num_phases": len(plan.phases),
         "num_groups": sum(1 for ph in plan.phases for g in ph.groups if g.micro_batches),
         "num_micro_batches": plan.num_micro_batches,
@@ -334,6 +337,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{s['grad_sync_s']:.4f} s)"
     )
     coll = ", ".join(f"{k} {format_bytes(v)}" for k, v in s["collectives"].items())
+    t = cost.tensor_parallel  # a plan rank is a unit of t GPUs
     print(
         f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per rank "
         f"({s['collectives_s']:.4f} s); closing micro-step {s['closing_step_s']:.4f} s"
@@ -341,8 +345,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
     print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
     print(
-        f"peak memory {format_bytes(s['peak_memory_gb'] * GB)} (capacity "
-        f"{format_bytes(cost.capacity())}); {s['num_micro_batches']} micro-batches"
+        f"peak memory {format_bytes(s['peak_memory_gb'] * GB / t)} per GPU (capacity "
+        f"{format_bytes(cost.capacity() / t)}); {s['num_micro_batches']} micro-batches"
     )
     if args.json:
         s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
