@@ -262,6 +262,10 @@ def test_cli_plans_at_a_tp_degree_and_simulate_reads_it_from_the_plan(tmp_path, 
     # simulate without --tp: the plan's own layout (with --tp 2: another layout, refused)
     assert main(["simulate", str(out), *common, "--cluster", "h100x64"]) == 0
     assert main(["simulate", str(out), *common, "--cluster", "h100x64", "--tp", "2"]) == 1
+    # and without --cluster: the plan records the GPUs' cluster (h100x64), not the units'
+    assert plan.fingerprint_inputs["cluster"].startswith("h100x64 #")
+    assert plan.fingerprint_inputs["tensor_parallel"] == "4"
+    assert main(["simulate", str(out), *common]) == 0
 
 
 def test_cli_zero3_without_a_domain_takes_the_least_that_fits(tmp_path, capsys):

@@ -345,7 +345,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
     print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
     print(
-        f"peak memory {format_bytes(s['peak_memory_gb'] * GB / t)} per GPU (capacity "
+        f"peak memory {format_bytes(s['peak_memory_gb'] * GB / t)} (capacity "
         f"{format_bytes(cost.capacity() / t)}); {s['num_micro_batches']} micro-batches"
     )
     if args.json:
