@@ -40,9 +40,10 @@ from ..validate import validate
 from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
 from . import args as types
 from . import handoff
-from .args import add_sp_kinds, int_in, sp_kinds, split
+from .args import add_sp_kinds, sp_kinds, split
 from .bench import add_bench_parser
 from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
+from .layout import add_layout_args, auto_shard_domain, layout_fields, whatif_layouts
 from .profile import add_profile_parser
 
 PROG = "dcp-opt"
@@ -91,20 +92,7 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         choices=SHARDING_MODES,
         help="default zero1 (simulate, show: the plan's own)",
     )
-    p.add_argument(
-        "--tp",
-        type=int_in(1, 1 << 16),
-        default=None,
-        help="tensor-parallel GPUs per unit, dividing the node and the heads; the planner's "
-        "ranks are units (default 1; simulate, show: the plan's own)",
-    )
-    p.add_argument(
-        "--shard-domain",
-        type=int_in(0, 1 << 16),
-        default=None,
-        help="zero3 per layer over aligned blocks of this many units (0: parameters gathered "
-        "once per step; default 0; simulate, show: the plan's own)",
-    )
+    add_layout_args(p)
     add_sp_kinds(p, default=None if from_plan else "ulysses")
 
 
@@ -147,41 +135,13 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
         default_model=DEFAULT_MODELS[batch.kind],
         optimizer_sharding=sharding,
         sp_kinds=sp_kinds(args, batch.kind),
-        **_layout(args, plan),
+        **layout_fields(args, plan),
     )
     if args.profile:
         profile_warning(args.profile, cluster)
     if args.shard_domain is None and plan is None:
-        cost = _auto_shard_domain(cost, batch)
+        cost = auto_shard_domain(cost, batch)
     return batch, cost
-
-
-def _auto_shard_domain(cost: CostModel, batch: Batch) -> CostModel:
-    """`--optimizer-sharding zero3` without `--shard-domain`: the step-level schedule where
-    the states and the longest sequence fit, else per-layer zero3 over the least shard
-    domain where they do (cost/settings.py; a note says which)."""
-    from ..cost.settings import fits, least_shard_domain
-
-    longest = max(q.num_tokens for q in batch.sequences)
-    if cost.optimizer_sharding != "zero3" or fits(cost, longest):
-        return cost
-    s = least_shard_domain(cost, longest)
-    if s is None:
-        return cost  # the planner's error names the states or the sequence
-    note(
-        f"zero3 per layer over shard domains of {s} units: the least whose states and longest "
-        "sequence fit (--shard-domain to choose; 0: gathered once per step)"
-    )
-    return cost.with_(shard_domain=s)
-
-
-def _layout(args: argparse.Namespace, plan: Plan | None) -> dict:
-    """--tp and --shard-domain as CostModel fields; left out: the plan's (simulate, show)."""
-    tp = args.tp if args.tp is not None else (plan.tensor_parallel if plan else 1)
-    domain = args.shard_domain
-    if domain is None:
-        domain = plan.shard_domain if plan else 0
-    return {"tensor_parallel": tp, "shard_domain": domain}
 
 
 def _write(path: str, text: str, field: str) -> None:
@@ -479,7 +439,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     if args.profile:
         profile_warning(args.profile, cluster)
     if args.layouts:
-        return _whatif_layouts(args, dist, cost)
+        return whatif_layouts(args, dist, cost)
     config = WhatIfConfig(
         cluster=cost.cluster.name,
         model=cost.model.name,
@@ -511,30 +471,6 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         save_whatif_png(doc, args.plot)
         print(f"wrote {args.plot}")
     print(f"whatif took {doc['wall_time_s']:.1f} s")
-    return 0
-
-
-def _whatif_layouts(args: argparse.Namespace, dist, cost: CostModel) -> int:
-    """`whatif --layouts`: the TP x mode x shard-domain sweep on --batches sampled batches."""
-    from ..analysis.whatif import check_sample_size
-    from ..analysis.whatif_layout import layout_lines, layout_sweep
-
-    budget = cost.gpu_cluster.num_gpus * args.tokens_per_gpu
-    check_sample_size(dist, budget)
-    batches = [dist.sample_batch(args.seed + i, budget) for i in range(args.batches)]
-    planners = split(args.planners) or ("greedy", "bucket", "static_tuned")
-    doc = layout_sweep(batches, cost, planners=planners)
-    doc["config"] = {
-        "cluster": cost.gpu_cluster.name,
-        "model": cost.model.name,
-        "num_batches": args.batches,
-        "tokens_per_gpu": args.tokens_per_gpu,
-        "seed": args.seed,
-    }
-    for line in layout_lines(doc):
-        print(line)
-    if args.json:
-        _write(args.json, json.dumps(doc, indent=1, default=json_default) + "\n", "json")
     return 0
 
 
