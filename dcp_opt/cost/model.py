@@ -45,6 +45,9 @@ class CostModel(Features, Compute, Comm, Memory):
     once per step, so no mode, zero3 included, needs aligned micro-step counts: a plan from
     any planner runs as made. The step time charges the mode's world collectives and, in the
     sharded modes, the closing one-token micro-step (grad_sync_time, closing_step_time).
+    `shard_domain` > 0 (zero3 only) is ZeRO-3 per layer over aligned blocks of units, which
+    does need aligned counts inside a domain (zero3.py; simulate pads); `tensor_parallel` t
+    makes units of t GPUs the planner's ranks (units.py).
     """
 
     model: ModelSpec
