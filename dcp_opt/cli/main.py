@@ -296,10 +296,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"
     )
-    coll = ", ".join(f"{k} {format_bytes(v)}" for k, v in s["collectives"].items())
-    t = cost.tensor_parallel  # a plan rank is a unit of t GPUs
+    t = cost.tensor_parallel  # a plan rank is a unit of t GPUs, each sending 1/t
+    coll = ", ".join(f"{k} {format_bytes(v / t)}" for k, v in s["collectives"].items())
     print(
-        f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per rank "
+        f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per "
+        f"{'rank' if t == 1 else 'GPU'} "
         f"({s['collectives_s']:.4f} s); closing micro-step {s['closing_step_s']:.4f} s"
     )
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
