@@ -44,6 +44,8 @@ def make_plan(
         predicted_step_time_s=predicted_step_time_s,
         meta=meta or {},
         optimizer_sharding=cost.optimizer_sharding,
+        tensor_parallel=cost.tensor_parallel,
+        shard_domain=cost.shard_domain,
     )
 
 
@@ -56,6 +58,8 @@ def _identity(cost: CostModel) -> tuple:
         cost.optimizer_sharding,
         cost.usable_memory_fraction,
         cost.grad_reduce_bytes_per_param,
+        cost.tensor_parallel,
+        cost.shard_domain,
     )
 
 

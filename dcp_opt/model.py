@@ -203,6 +203,20 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         num_params=8.03e9,
         num_kv_heads=8,
     ),
+    # Llama 3 70B (Meta's config.json for Meta-Llama-3-70B): 80 layers, hidden 8192, 64
+    # query and 8 key/value heads (GQA), SwiGLU 28672, vocab 128256 (untied); 70.6e9
+    # parameters (the count the shapes give).
+    "llama3-70b": ModelSpec(
+        "llama3-70b",
+        "1d",
+        80,
+        8192,
+        64,
+        28672,
+        vocab_size=128256,
+        gated_mlp=True,
+        num_kv_heads=8,
+    ),
     # Open-Sora 1.2 STDiT3-XL/2: 28 layers of (spatial, temporal) blocks, hidden 1152,
     # 16 heads, MLP ratio 4, captions of 300 T5 tokens.
     "opensora-stdit3-xl": ModelSpec(

@@ -390,12 +390,21 @@ def fingerprint_inputs(batch: Batch, cost: CostModel) -> dict[str, str]:
             f"#{_digest([list(astuple(m)) for m in cost.ring_comm])}" if cost.ring_comm else ""
         ),
     }
+    # the GPUs' cluster and coefficients (a cost model under TP reads the units'); the
+    # layout only where it is not the default, so a plan without TP is recorded as before
+    gpus, coeffs = cost.gpu_cluster, cost.gpu_coeffs
+    layout = {
+        k: str(getattr(cost, k))
+        for k, default in (("tensor_parallel", 1), ("shard_domain", 0))
+        if getattr(cost, k) != default
+    }
     return {
         "batch": f"{len(batch)} sequences, {batch.num_tokens} tokens #{batch.fingerprint()[:8]}",
         "model": f"{cost.model.name} #{_digest(cost.model.to_dict())}",
-        "cluster": f"{cost.cluster.name} #{_digest(cost.cluster.fingerprint_dict())}",
-        "coefficients": f"{cost.coeffs.source} #{_digest(cost.coeffs.to_dict())}",
+        "cluster": f"{gpus.name} #{_digest(gpus.fingerprint_dict())}",
+        "coefficients": f"{coeffs.source} #{_digest(coeffs.to_dict())}",
         "optimizer_sharding": cost.optimizer_sharding,
+        **layout,
         **{k: str(v) for k, v in knobs.items()},
     }
 

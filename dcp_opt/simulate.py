@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch import Batch
-from .cost import CostModel
+from .cost import CostModel, zero3
 from .plan import Plan
 
 
@@ -60,6 +60,9 @@ class SimResult:
     # Seconds of the sharded modes' closing one-token micro-step (CostModel.closing_step_time),
     # part of grad_sync_s like the collectives
     closing_step_s: float = 0.0
+    # GPU-seconds of the empty micro-steps per-layer zero3 adds (every unit of a shard
+    # domain runs its domain's largest micro-step count in each phase: cost/zero3.py)
+    padding_s: float = 0.0
 
     @property
     def num_ranks(self) -> int:
@@ -89,6 +92,7 @@ class SimResult:
             "collectives": dict(self.collectives),
             "collectives_s": self.collectives_s,
             "closing_step_s": self.closing_step_s,
+            "padding_s": self.padding_s,
         }
 
 
@@ -104,7 +108,7 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
     step = cost.step_costs()  # one question per step, one per phase below
     peak = [step.fixed_bytes] * n
     out: list[Event] = []
-    comm_total = rec_total = 0.0
+    comm_total = rec_total = pad_total = 0.0
     for p, phase in enumerate(plan.phases):
         groups = [g for g in phase.groups if g.micro_batches]
         if not groups:
@@ -130,6 +134,8 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
             peak[s : s + d] = [max(v, top[k]) for v in peak[s : s + d]]
             busy[s : s + d] = [v + (t - t0) for v in busy[s : s + d]]
             ready[s : s + d] = [t] * d
+        if cost.shard_domain:
+            pad_total += _pad(phase.groups, cost, ready, busy)
     finish = max(ready) if n else 0.0
     busy_a = np.array(busy)
     return SimResult(
@@ -145,7 +151,22 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
         step.collectives,
         step.collectives_s,
         step.closing_step_s,
+        pad_total,
     )
+
+
+def _pad(groups, cost: CostModel, ready: list, busy: list) -> float:
+    """Run each unit's padding micro-steps after its phase work (zero3.domain_padding):
+    each costs zero3.empty_micro_step_time. Returns their GPU-seconds."""
+    pads = zero3.domain_padding(groups, len(ready), cost.shard_domain)
+    if not any(pads):
+        return 0.0
+    e = cost.memoised("empty_micro_step", lambda: zero3.empty_micro_step_time(cost))
+    for r, k in enumerate(pads):
+        if k:
+            ready[r] += k * e
+            busy[r] += k * e
+    return sum(pads) * e
 
 
 def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:

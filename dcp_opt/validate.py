@@ -15,7 +15,8 @@ from .plan import NORMALIZERS, Plan
 
 CODES = {
     "NO_PHASES": "the plan has no phase",
-    "WRONG_NUM_RANKS": "plan.num_ranks differs from the cluster's GPU count",
+    "WRONG_NUM_RANKS": "plan.num_ranks differs from the cluster's unit count (GPUs / TP)",
+    "WRONG_LAYOUT": "plan.tensor_parallel or plan.shard_domain differs from the cost model's",
     "BAD_DEGREE": "a group's degree is not an allowed SP degree",
     "BAD_KIND": "a group's SP kind is not one of the cost model's (CostModel.sp_kinds)",
     "MISALIGNED": "a group does not start at a multiple of its degree",
@@ -78,6 +79,12 @@ def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:
         out.append(Violation("NO_PHASES", CODES["NO_PHASES"]))
     if plan.num_ranks != n:
         out.append(Violation("WRONG_NUM_RANKS", f"plan has {plan.num_ranks} ranks, cluster {n}"))
+    for name in ("tensor_parallel", "shard_domain"):  # the job's layout (cost/units, zero3)
+        mine, theirs = getattr(plan, name), getattr(cost, name)
+        if mine != theirs:
+            out.append(
+                Violation("WRONG_LAYOUT", f"plan.{name} is {mine}; the cost model's is {theirs}")
+            )
     for p, phase in enumerate(plan.phases):
         owner: dict[int, int] = {}
         for i, g in enumerate(phase.groups):

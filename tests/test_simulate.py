@@ -150,6 +150,7 @@ def test_comm_recompute_and_summary_by_hand():
         "collectives": {"param_all_gather": 1.5, "grad_reduce_scatter": 3.0},
         "collectives_s": 4.5,
         "closing_step_s": 0.0,
+        "padding_s": 0.0,  # no zero3 shard domain: nothing padded
     }
 
 

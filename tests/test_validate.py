@@ -154,6 +154,10 @@ CASES = {
         ["NO_PHASES: the plan has no phase", "MISSING_SEQUENCE: ids [0, 1] are never trained"],
     ),
     "WRONG_NUM_RANKS": (WHOLE, {"num_ranks": 4}, ["WRONG_NUM_RANKS: plan has 4 ranks, cluster 8"]),
+    "WRONG_LAYOUT": (
+        WHOLE, {"tensor_parallel": 2},
+        ["WRONG_LAYOUT: plan.tensor_parallel is 2; the cost model's is 1"],
+    ),
     "BAD_DEGREE": (
         [[_g(0, 3, ((0, 1),)), _g(3, 1), _g(4, 4)]], {},
         ["BAD_DEGREE: phase 0 group 0 (ranks 0..2): degree 3; allowed [1, 2, 4, 8]"],

@@ -44,6 +44,7 @@ from . import handoff
 from .args import add_sp_kinds, sp_kinds, split
 from .bench import add_bench_parser
 from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
+from .layout import add_layout_args, auto_shard_domain, layout_fields, whatif_layouts
 from .profile import add_profile_parser
 
 PROG = "dcp-opt"
@@ -97,6 +98,7 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         choices=SHARDING_MODES,
         help="default zero1 (simulate, show: the plan's own)",
     )
+    add_layout_args(p)
     add_sp_kinds(p, default=None if from_plan else "ulysses")
 
 
@@ -143,9 +145,12 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
         default_model=DEFAULT_MODELS[batch.kind],
         optimizer_sharding=sharding,
         sp_kinds=sp_kinds(args, batch.kind),
+        **layout_fields(args, plan),
     )
     if args.profile:
         profile_warning(args.profile, cluster)
+    if args.shard_domain is None and plan is None:
+        cost = auto_shard_domain(cost, batch)
     return batch, cost
 
 
@@ -216,8 +221,11 @@ def plan_summary(res, sim: SimResult, batch: Batch, cost: CostModel) -> dict:
         **res.summary(),
         "imbalance": sim.imbalance,
         "comm_share": sim.comm_share,
-        "peak_memory_gb": float(sim.peak_memory_bytes.max()) / GB,
-        "capacity_gb": cost.capacity() / GB,
+        # per GPU: a plan rank is a unit of tensor_parallel GPUs, each holding 1/t
+        "peak_memory_gb": float(sim.peak_memory_bytes.max()) / GB / cost.tensor_parallel,
+        "capacity_gb": cost.capacity() / GB / cost.tensor_parallel,
+        "tensor_parallel": cost.tensor_parallel,
+        "shard_domain": cost.shard_domain,
         "num_phases": len(plan.phases),
         "num_groups": sum(1 for ph in plan.phases for g in ph.groups if g.micro_batches),
         "num_micro_batches": plan.num_micro_batches,
@@ -298,16 +306,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"
     )
-    coll = ", ".join(f"{k} {format_bytes(v)}" for k, v in s["collectives"].items())
+    t = cost.tensor_parallel  # a plan rank is a unit of t GPUs, each sending 1/t
+    coll = ", ".join(f"{k} {format_bytes(v / t)}" for k, v in s["collectives"].items())
     print(
-        f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per rank "
+        f"step sync   {cost.optimizer_sharding}: {coll or 'none'} per "
+        f"{'rank' if t == 1 else 'GPU'} "
         f"({s['collectives_s']:.4f} s); closing micro-step {s['closing_step_s']:.4f} s"
     )
     print(f"imbalance   {s['imbalance']:.1%} of GPU-time idle before the gradient sync")
     print(f"comm share  {s['comm_share']:.1%} of busy time; recompute {s['recompute_share']:.1%}")
     print(
-        f"peak memory {format_bytes(s['peak_memory_gb'] * GB)} (capacity "
-        f"{format_bytes(cost.capacity())}); {s['num_micro_batches']} micro-batches"
+        f"peak memory {format_bytes(s['peak_memory_gb'] * GB / t)} (capacity "
+        f"{format_bytes(cost.capacity() / t)}); {s['num_micro_batches']} micro-batches"
     )
     if args.json:
         s.update(planner=plan.planner, cluster=cost.cluster.name, model=cost.model.name)
@@ -395,6 +405,13 @@ def _add_whatif(sub) -> None:
     )
     p.add_argument("--plot", metavar="PNG", help="write the six-panel figure here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="sweep tensor parallelism x optimizer sharding (zero1, zero3) x zero3 shard "
+        "domain instead: which settings fit, each one's step time (greedy, bucket, "
+        "static_tuned; --planners to choose), the fastest (dcp_opt.analysis.whatif_layout)",
+    )
     add_sp_kinds(p, note="; with cp the document has the kind map (where each kind wins)")
     p.set_defaults(func=cmd_whatif)
 
@@ -432,6 +449,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     )
     if args.profile:
         profile_warning(args.profile, cluster)
+    if args.layouts:
+        return whatif_layouts(args, dist, cost)
     config = WhatIfConfig(
         cluster=cost.cluster.name,
         model=cost.model.name,

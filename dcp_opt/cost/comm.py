@@ -5,13 +5,16 @@ micro-step (runtime/sharding.py runs exactly these)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
 from ..errors import DcpOptError
 from . import cp as cp_cost
 from . import ring as ring_cost
+from . import zero3
 from .memory import SHARDING_MODES
+from .units import tp_volume_share
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ class Comm:
         if self.model.num_kv_heads is None:
             return base
         d = np.asarray(d)
-        share = np.vectorize(self.model.a2a_volume_share, otypes=[float])(d)
+        t = self.tensor_parallel  # a TP rank's heads, between equal TP ranks (units.py)
+        vol = self.model.a2a_volume_share if t == 1 else partial(tp_volume_share, self.model, t)
+        share = np.vectorize(vol, otypes=[float])(d)
         return base * share
 
     def comm_time_per_layer(self, tokens, d, spans_nodes, kind: str = "ulysses"):
@@ -83,6 +88,8 @@ class Comm:
         which by default is `runtime_reduce_bytes(mode)`: exactly these bytes."""
         p, n = self.model.total_params, self.cluster.num_gpus
         share = (n - 1) / n
+        if self.shard_domain:  # per-layer zero3: inside domains per micro-step (zero3.py)
+            return {"grad_all_reduce_across_domains": zero3.cross_domain_bytes(self)}
         if self.optimizer_sharding == "none":
             return {"grad_all_reduce": 2 * share * 4.0 * p}
         return {"param_all_gather": share * 2.0 * p, "grad_reduce_scatter": share * 4.0 * p}
@@ -128,6 +135,8 @@ class Comm:
         if n == 1:
             return 0.0
         bw = c.inter_node_bw if c.num_nodes > 1 else c.intra_node_bw
+        if self.shard_domain:  # the fp32 shards across domains (zero3.cross_domain_bytes)
+            return zero3.cross_domain_bytes(self) / bw
         volume = self.model.total_params * self.grad_reduce_bytes_per_param
         if c.topology is not None:  # the ring's most loaded link (dcp_opt/topology/comm.py)
             from ..topology.comm import ring_bottleneck

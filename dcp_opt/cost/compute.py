@@ -12,7 +12,9 @@ import numpy as np
 from ..batch import Sequence
 from . import cp as cp_cost
 from . import ring as ring_cost
+from . import zero3
 from .coeffs import TermCoeffs
+from .units import tp_comm_per_layer
 
 _PASS_SHARE = {"fwd": 1 / 3, "bwd": 2 / 3}  # CostModel.replicated_seq_s per pass
 
@@ -151,12 +153,22 @@ class Compute:
         if kind == "ring":  # what the transfers do not hide, forward + backward + recompute
             assert attn is not None, "time_parts_from: a ring group needs `attn`"
             x_f, x_b = ring_cost.exposed_per_layer(self, tokens, d, spans_nodes, *attn, speed)
-            return compute, recompute, L * (x_f + x_b) + r * x_f
-        layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
-        comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
-        if kind == "cp":  # a measured reduce-scatter: the backward at its own rate (cp_cost)
-            comm = comm + cp_cost.backward_extra(self, tokens, d, spans_nodes, L, layer_comm)
+            comm = L * (x_f + x_b) + r * x_f
+        else:
+            layer_comm = self.comm_time_per_layer(tokens, d, spans_nodes, kind)
+            comm = (2 * L + r) * layer_comm  # forward, backward, each recomputed forward
+            if kind == "cp":  # a measured reduce-scatter: the backward at its own rate
+                comm = comm + cp_cost.backward_extra(self, tokens, d, spans_nodes, L, layer_comm)
+        if self.tensor_parallel > 1 or self.shard_domain:
+            comm = comm + self.unit_comm(fwd, bwd, tokens, d, r, speed)
         return compute, recompute, comm
+
+    def unit_comm(self, fwd, bwd, tokens, d, r, speed):
+        """What tensor parallelism and per-layer zero3 add to a micro-batch: the TP
+        collectives of every layer's forward, backward and recomputed forward (units.py),
+        and the per-layer gathers that prefetch does not hide (zero3.py)."""
+        tp = (2 * self.model.num_layers + r) * tp_comm_per_layer(self, tokens, d)
+        return tp + zero3.exposed_gather_time(self, fwd, bwd, speed)
 
     @property
     def takes_degree_vectors(self) -> bool:

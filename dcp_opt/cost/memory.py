@@ -10,6 +10,7 @@ from ..batch import Batch
 from ..errors import InfeasibleError, format_bytes
 from . import cp as cp_cost
 from . import ring as ring_cost
+from . import settings, zero3
 
 SHARDING_MODES = ("none", "zero1", "zero2", "zero3")
 
@@ -22,7 +23,11 @@ class Memory:
         (docs/architecture.md, "Sharded, mixed-precision training"). The world reduces the
         gradients once per step, since groups run different numbers of micro-batches; until
         then every rank holds the gathered bf16 weights and a full fp32 accumulator. So zero2
-        and zero3 hold the zero1 peak: only the fp32 master weights and moments are sharded."""
+        and zero3 hold the zero1 peak: only the fp32 master weights and moments are sharded.
+        Per unit (tensor_parallel GPUs; cost/units.py): a GPU holds 1/t. Under per-layer zero3
+        (shard_domain > 0) the states of cost/zero3.py."""
+        if self.shard_domain:
+            return sum(zero3.state_parts(self.model, self.shard_domain).values())
         p, n = self.model.total_params, self.cluster.num_gpus
         w, g, o = 2.0, 4.0, 12.0
         if self.optimizer_sharding != "none":
@@ -89,30 +94,34 @@ class Memory:
         return need
 
     def model_state_parts(self) -> dict[str, float]:
-        """model_state_bytes() by part, bytes per GPU: bf16 weights, fp32 gradient
+        """model_state_bytes() by part, bytes per unit: bf16 weights, fp32 gradient
         accumulator, fp32 master weights + Adam moments (sharded over the world unless
-        `none`)."""
+        `none`); under per-layer zero3 zero3.state_parts."""
+        if self.shard_domain:
+            return zero3.state_parts(self.model, self.shard_domain)
         p = self.model.total_params
         opt = 12.0 if self.optimizer_sharding == "none" else 12.0 / self.cluster.num_gpus
         return {"parameters": 2.0 * p, "gradients": 4.0 * p, "optimizer states": opt * p}
 
     def check_states_fit(self) -> None:
         """Raise InfeasibleError when the model states and the reserve alone exceed every
-        GPU's usable memory: then no sequence is to blame, and the error says what is."""
+        GPU's usable memory: then no sequence is to blame, and the error says what is (bytes
+        per GPU by part, the capacity) and the smallest settings whose states fit."""
         cap = max(self.capacity(s, 1) for s in range(self.cluster.num_gpus))
         if self.fixed_bytes() < cap:
             return
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.model_state_parts().items())
+        t = self.tensor_parallel
+        parts = ", ".join(f"{k} {format_bytes(v / t)}" for k, v in self.model_state_parts().items())
+        mode = repr(self.optimizer_sharding)
+        if self.shard_domain:
+            mode += f" over shard domains of {self.shard_domain}"
         raise InfeasibleError(
-            f"model states do not fit: {parts} per GPU under optimizer_sharding "
-            f"{self.optimizer_sharding!r} ({self.model.total_params / 1e9:.2f}B parameters), "
-            f"+ {format_bytes(self.coeffs.reserved_bytes)} reserved; usable capacity "
-            f"{format_bytes(cap)} per GPU. Every mode of this runtime holds the gathered bf16 "
-            "weights and a full fp32 gradient accumulator (2 + 4 bytes per parameter) through "
-            "the step; tensor parallelism and per-layer ZeRO-3, which would shard them, are "
-            "not built yet (docs/architecture.md): a smaller model or GPUs with more memory",
-            need_bytes=self.fixed_bytes(),
-            capacity_bytes=cap,
+            f"model states do not fit: {parts} per GPU under optimizer_sharding {mode}, "
+            f"tensor_parallel {t} ({self.model.total_params / 1e9:.2f}B parameters), + "
+            f"{format_bytes(self.coeffs.reserved_bytes / t)} reserved; usable capacity "
+            f"{format_bytes(cap / t)} per GPU. {settings.fitting_settings(self)}",
+            need_bytes=self.fixed_bytes() / t,
+            capacity_bytes=cap / t,
         )
 
     def check_fits(self, batch: Batch) -> None:
@@ -125,12 +134,16 @@ class Memory:
         bad = np.flatnonzero(self.min_recompute(tokens, dmax, cap) < 0)
         if len(bad):
             s = batch.sequences[int(bad[0])]
-            need = float(self.memory(s.num_tokens, dmax, self.model.num_layers))
+            t = self.tensor_parallel  # figures per unit; a GPU holds 1/t (cost/units.py)
+            need = float(self.memory(s.num_tokens, dmax, self.model.num_layers)) / t
+            unit = f" (units of {t} GPUs)" if t > 1 else ""
             raise InfeasibleError(
                 f"sequence {s.id} (shape {s.shape}, {s.num_tokens} tokens) cannot fit: needs "
-                f"{format_bytes(need)} per GPU at the largest degree {dmax} with all "
-                f"{self.model.num_layers} layers recomputed; capacity {format_bytes(cap)}",
+                f"{format_bytes(need)} per GPU at the largest degree {dmax}{unit} with all "
+                f"{self.model.num_layers} layers recomputed, model states "
+                f"{format_bytes(self.fixed_bytes() / t)} of it; capacity "
+                f"{format_bytes(cap / t)}. {settings.fitting_settings(self, s.num_tokens)}",
                 sequence_id=s.id,
                 need_bytes=need,
-                capacity_bytes=cap,
+                capacity_bytes=cap / t,
             )

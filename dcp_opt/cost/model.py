@@ -18,6 +18,7 @@ from ..errors import DcpOptError, is_real
 from ..model import ModelSpec
 from . import cp as cp_cost
 from . import ring as ring_cost
+from . import zero3
 from .coeffs import CostCoefficients, check_coefficients, flops_coefficients
 from .comm import Comm, runtime_reduce_bytes
 from .compute import Compute
@@ -26,6 +27,7 @@ from .finite import check_cost_scale
 from .memo import MemoCache
 from .memory import SHARDING_MODES, Memory
 from .phase import PhaseCosts, phase_costs
+from .units import check_tensor_parallel, unit_cluster, unit_coefficients
 
 T = TypeVar("T")
 _MISS = object()  # memoised(): None may be a value
@@ -43,6 +45,9 @@ class CostModel(Features, Compute, Comm, Memory):
     once per step, so no mode, zero3 included, needs aligned micro-step counts: a plan from
     any planner runs as made. The step time charges the mode's world collectives and, in the
     sharded modes, the closing one-token micro-step (grad_sync_time, closing_step_time).
+    `shard_domain` > 0 (zero3 only) is ZeRO-3 per layer over aligned blocks of units, which
+    does need aligned counts inside a domain (zero3.py; simulate pads); `tensor_parallel` t
+    makes units of t GPUs the planner's ranks (units.py).
     """
 
     model: ModelSpec
@@ -86,6 +91,15 @@ class CostModel(Features, Compute, Comm, Memory):
     # the ring's P2P step as a profile measured it (ring_cost.RingMeasurement per group size;
     # empty: the cluster's rates). Used by ring groups inside a node (dcp_opt/cost/ring.py).
     ring_comm: tuple = ()
+    # Tensor parallelism (cost/units.py): units of this many GPUs of one node are the
+    # planner's ranks; `cluster` and `coeffs` then read as the units' (the GPUs' are kept in
+    # gpu_cluster, gpu_coeffs). 1: a unit is a GPU, every figure as before.
+    tensor_parallel: int = 1
+    # ZeRO-3 per layer over aligned blocks of this many units (cost/zero3.py); 0: the mode's
+    # step-level schedule. Needs optimizer_sharding "zero3".
+    shard_domain: int = 0
+    gpu_cluster: Cluster = field(default=None, init=False, compare=False, repr=False)
+    gpu_coeffs: CostCoefficients = field(default=None, init=False, compare=False, repr=False)
     _cache: dict = field(default_factory=MemoCache, compare=False, hash=False, repr=False)
     # Whether grad_reduce_bytes_per_param was left to the mode (set in __post_init__)
     _reduce_follows_mode: bool = field(default=False, init=False, compare=False, repr=False)
@@ -101,6 +115,7 @@ class CostModel(Features, Compute, Comm, Memory):
                     f"coefficients no float64 holds ({e})"
                 ) from None
         check_coefficients(self.coeffs)
+        self._make_units()
         if self.optimizer_sharding not in SHARDING_MODES:
             raise DcpOptError(
                 f"optimizer_sharding: {self.optimizer_sharding!r} not allowed; "
@@ -110,6 +125,7 @@ class CostModel(Features, Compute, Comm, Memory):
             raise DcpOptError(
                 f"usable_memory_fraction: must be in (0, 1], got {self.usable_memory_fraction}"
             )
+        zero3.check_shard_domain(self.shard_domain, self.optimizer_sharding, self.cluster)
         self._resolve_reduce_bytes()
         self._check_knobs()
         self._check_sp_kinds()
@@ -122,6 +138,17 @@ class CostModel(Features, Compute, Comm, Memory):
                 f"of model {self.model.name!r}"
             )
         check_cost_scale(self)  # every product of finite inputs finite (cost/finite.py)
+
+    def _make_units(self) -> None:
+        """Keep the GPUs' cluster and coefficients; under tensor_parallel t > 1 read the
+        cluster and coefficients as the units' (cost/units.py)."""
+        t = self.tensor_parallel
+        check_tensor_parallel(t, self.model, self.cluster)
+        object.__setattr__(self, "gpu_cluster", self.cluster)
+        object.__setattr__(self, "gpu_coeffs", self.coeffs)
+        if t > 1:
+            object.__setattr__(self, "cluster", unit_cluster(self.cluster, t, self.model))
+            object.__setattr__(self, "coeffs", unit_coefficients(self.coeffs, t))
 
     def _resolve_reduce_bytes(self) -> None:
         """grad_reduce_bytes_per_param: None follows the mode; a number is checked."""
@@ -183,6 +210,8 @@ class CostModel(Features, Compute, Comm, Memory):
         with another optimizer_sharding charges that mode's collectives)."""
         if self._reduce_follows_mode:
             changes.setdefault("grad_reduce_bytes_per_param", None)
+        changes.setdefault("cluster", self.gpu_cluster)  # the GPUs', not the units'
+        changes.setdefault("coeffs", self.gpu_coeffs)
         return replace(self, _cache=MemoCache(), **changes)
 
     def memoised(self, key, make: Callable[[], T]) -> T:
@@ -204,6 +233,7 @@ class CostModel(Features, Compute, Comm, Memory):
         }
         if self._reduce_follows_mode:
             out["grad_reduce_bytes_per_param"] = None
+        out["cluster"], out["coeffs"] = self.gpu_cluster, self.gpu_coeffs
         return out
 
     def phase_costs(self, groups, batch: Batch) -> PhaseCosts:
@@ -213,8 +243,9 @@ class CostModel(Features, Compute, Comm, Memory):
     def fingerprint(self) -> str:
         payload = {
             "model": self.model.to_dict(),
-            "cluster": self.cluster.fingerprint_dict(),  # to_dict(), a topology as its digest
-            "coeffs": self.coeffs.to_dict(),
+            # to_dict(), a topology as its digest; the GPUs' (tensor_parallel is below)
+            "cluster": self.gpu_cluster.fingerprint_dict(),
+            "coeffs": self.gpu_coeffs.to_dict(),
             "sharding": self.optimizer_sharding,
             "mem_frac": self.usable_memory_fraction,
             "grad": self.grad_reduce_bytes_per_param,
@@ -234,6 +265,10 @@ class CostModel(Features, Compute, Comm, Memory):
             payload["cp_comm"] = [list(astuple(m)) for m in self.cp_comm]
         if self.ring_comm:
             payload["ring_comm"] = [list(astuple(m)) for m in self.ring_comm]
+        if self.tensor_parallel != 1:
+            payload["tensor_parallel"] = self.tensor_parallel
+        if self.shard_domain:
+            payload["shard_domain"] = self.shard_domain
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from itertools import islice
 
 from dcp_opt.solvers.bounds.rank_plan import tree_candidate
 from dcp_opt.solvers.common import finish, gc_paused
-from dcp_opt.solvers.greedy.assign import safe_draft, to_phases
+from dcp_opt.solvers.greedy.align import align_domains, repack_groups
+from dcp_opt.solvers.greedy.assign import safe_draft, to_phases, uniform_draft
 from dcp_opt.solvers.greedy.blocks import search_blocks
 from dcp_opt.solvers.greedy.instance import Draft, Instance, make_instance
 from dcp_opt.solvers.greedy.local import improve
@@ -26,6 +28,8 @@ from dcp_opt.result import PlanResult
 # makes for the cluster without it, priced on the fabric (_blind_candidate): greedy runs
 # twice, so large batches (the 64 x 512 latency target) are left to the aware search alone.
 BLIND_MAX_SEQUENCES = 400
+# Under per-layer zero3, how many of the search's drafts simulate scores (_aligned_candidate)
+DOMAIN_DRAFTS = 6
 
 
 def candidates(inst: Instance, cluster, local: bool = True) -> Iterator[Draft]:
@@ -64,6 +68,7 @@ def plan_greedy(
         )
         res = _blind_candidate(res, batch, cost, started)
         res = tree_candidate(res, batch, cost, started)  # few distinct sequences: exact
+        res = _aligned_candidate(res, batch, cost, started)
         if len(cost.sp_kinds) == 1:
             return res
         # cp or ring allowed: kinds per group on this plan and on the Ulysses-only greedy's, the
@@ -102,6 +107,30 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
     if alt.predicted_step_time_s < res.predicted_step_time_s:
         return alt
     return replace(res, wall_time_s=alt.wall_time_s)
+
+
+def _aligned_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: float):
+    """Under per-layer zero3 (shard_domain > 0), where greedy's tables cannot see that the
+    per-layer gathers hide behind a micro-step's compute: `res` and the first
+    DOMAIN_DRAFTS drafts of the search and every uniform layout, each also with its groups
+    repacked (fewer, larger micro-batches) and then with counts evened inside the domains
+    (align.py), scored by simulate; the fastest is kept."""
+    if not cost.shard_domain:
+        return res
+    inst = make_instance(batch, cost)
+    cluster = cost.cluster
+    drafts = list(islice(candidates(inst, cluster, local=False), DOMAIN_DRAFTS))
+    drafts += [uniform_draft(inst, cluster, j) for j in range(len(inst.degrees))]
+    layouts = [[list(ph.groups) for ph in res.plan.phases]]
+    layouts += [p for p in (to_phases(d, inst, cost) for d in drafts if d) if p is not None]
+    best = res
+    for phases in layouts:
+        packed = repack_groups(phases, batch, cost)
+        for cand in (phases, packed, align_domains(packed, batch, cost.shard_domain)):
+            alt = finish(cand, batch, cost, planner="greedy", started=started, stats=res.stats)
+            if alt.predicted_step_time_s < best.predicted_step_time_s:
+                best = replace(alt, stats={**alt.stats, "domain_candidate": True})
+    return replace(best, wall_time_s=time.perf_counter() - started)
 
 
 def _first_fit(batch: Batch, cost: CostModel) -> tuple[list[list[Group]], list]:
