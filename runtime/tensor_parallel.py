@@ -228,3 +228,13 @@ def check_plan_heads(plan, model: nn.Module) -> None:
                     f"plan.phases[{p}]: heads {heads} do not divide by tensor_parallel {t} x "
                     f"degree {g.degree}; allowed: degrees d with {heads} % ({t} d) == 0"
                 )
+
+
+def fsdp_placement(param):
+    """FSDP2's `shard_placement_fn` over the units (runtime/sharding.py with tp): a fused
+    projection's rows are already split as interleaved blocks over TP, and FSDP2's own split
+    of those rows would nest two strided splits (measured: its full tensor and its update come
+    out wrong), so it shards the input columns instead; None (FSDP2's dim 0) otherwise."""
+    if any(isinstance(p, _StridedShard) for p in getattr(param, "placements", ())):
+        return Shard(param.dim() - 1)
+    return None

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
 from dcp_opt.runtime.groups import TPGroups
+from dcp_opt.runtime.sharding import shard
 from dcp_opt.runtime.tensor_parallel import (
     TensorParallelError,
     apply_tensor_parallel,
@@ -84,8 +85,10 @@ def full(x: torch.Tensor) -> torch.Tensor:
     return (x.full_tensor() if hasattr(x, "full_tensor") else x).detach().clone()
 
 
-def job_step(ctx, plan_json: str, seed: int):
-    """One TP step then one AdamW step; (loss, full gradients, full parameters after)."""
+def job_step(ctx, plan_json: str, seed: int, mode: str | None = None):
+    """One TP step then one AdamW step; (loss, full gradients, full parameters after). With
+    `mode` (zero1, zero2) the step runs under shard(..., tp=): FSDP2 over the units; the
+    optimizer steps inside it and the gradients come back as None."""
     plan = Plan.from_json(plan_json)
     tp = tp_groups(plan.tensor_parallel)
     model, state, task = make_model(seed), SPState(), LMTask()
@@ -94,6 +97,12 @@ def job_step(ctx, plan_json: str, seed: int):
     qkv = model.layers[0].attn.qkv.weight  # GPU j holds q_j, k_j, v_j: 3 H / t rows
     assert qkv.to_local().shape == (3 * CFG.hidden // tp.degree, CFG.hidden)
     data = make_data(BATCH, seed)
+    if mode is not None:
+        sh = shard(model, adamw, mode=mode, pool=ctx.pool, task=task, tp=tp)
+        report = execute_step(
+            plan, task, model, data, pool=ctx.pool, state=state, step=0, tp=tp, sharding=sh
+        )
+        return report.loss, None, [full(p) for p in model.parameters()]
     report = execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=0, tp=tp)
     grads = [full(p.grad) for p in model.parameters()]
     adamw(model.parameters()).step()
@@ -120,12 +129,14 @@ def rel(got, want) -> float:
     return float((got - want).norm()) / max(float(want.norm()), 1e-300)
 
 
-def check_step(workers: DistWorkers, plan: Plan, seed: int = 3, *, kind=None) -> float:
+def check_step(
+    workers: DistWorkers, plan: Plan, seed: int = 3, *, kind=None, mode=None
+) -> float:
     want_loss, want_grads, before, want = reference(kind or plan.normalizer_kind, seed)
     worst = 0.0
-    for loss, grads, params in workers.run(job_step, plan.to_json(), seed):
+    for loss, grads, params in workers.run(job_step, plan.to_json(), seed, mode):
         assert abs(loss - want_loss) <= TOL * abs(want_loss), (loss, want_loss)
-        for g, w in zip(grads, want_grads, strict=True):
+        for g, w in zip(grads or want_grads, want_grads, strict=True):
             worst = max(worst, rel(g, w))
         for p, w, b in zip(params, want, before, strict=True):
             worst = max(worst, rel(p - b, w - b))  # relative to the update
@@ -146,6 +157,13 @@ def test_tp2_ulysses2_step_and_adamw_equal_single_process(workers):
 
 def test_tp2_unequal_micro_batch_counts_and_an_idle_unit(workers):
     print("tp2 uneven: worst relative error", check_step(workers, uneven_plan()))
+
+
+@pytest.mark.parametrize("mode", ["zero1", "zero2"])
+@pytest.mark.parametrize("plan", [ulysses_plan, uneven_plan], ids=["ulysses2", "uneven"])
+def test_tp2_with_zero_sharding_over_the_units(workers, plan, mode):
+    made = dataclasses.replace(plan(), optimizer_sharding=mode)
+    print(f"tp2 {mode} {plan.__name__}: worst", check_step(workers, made, mode=mode))
 
 
 def test_a_wrong_step_is_caught(workers):
