@@ -129,9 +129,7 @@ def rel(got, want) -> float:
     return float((got - want).norm()) / max(float(want.norm()), 1e-300)
 
 
-def check_step(
-    workers: DistWorkers, plan: Plan, seed: int = 3, *, kind=None, mode=None
-) -> float:
+def check_step(workers: DistWorkers, plan: Plan, seed: int = 3, *, kind=None, mode=None) -> float:
     want_loss, want_grads, before, want = reference(kind or plan.normalizer_kind, seed)
     worst = 0.0
     for loss, grads, params in workers.run(job_step, plan.to_json(), seed, mode):
