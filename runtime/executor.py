@@ -24,7 +24,7 @@ from .groups import GroupPool, TPGroups
 from .parallelize import SPState
 from .plan_check import check_plan_once
 from .sp import SPGroup
-from .tensor_parallel import check_plan_heads
+from .tensor_parallel import check_plan_heads, reduce_partial_grads
 
 # The gradient sum's default bucket (one all-reduce per bucket), as in PyTorch DDP's
 # bucket_cap_mb=25 (torch/nn/parallel/distributed.py).
@@ -275,6 +275,8 @@ def execute_step(
     t_sync = time.perf_counter()
     if sharding is None:
         dtype = next(model.parameters()).dtype
+        if tp is not None:
+            reduce_partial_grads(model)
         dp = None if tp is None else tp.dp_group  # each TP rank holds its unit's whole loss
         total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes, group=dp)
     else:

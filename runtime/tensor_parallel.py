@@ -32,6 +32,7 @@ row split), heads, kv heads, MLP width or vocabulary that t does not divide (nam
 from __future__ import annotations
 
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -135,7 +136,6 @@ def hf_plan(model: nn.Module, degree: int) -> dict:
     hidden = PrepareModuleInput(
         input_kwarg_layouts={"hidden_states": seq},
         desired_input_kwarg_layouts={"hidden_states": Replicate()},
-        use_local_output=True,
     )
     plan = {
         "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
@@ -152,9 +152,7 @@ def hf_plan(model: nn.Module, degree: int) -> dict:
             pre + "self_attn.v_proj": ColwiseParallel(),
             pre + "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
             pre + "post_attention_layernorm": SequenceParallel(sequence_dim=1),
-            pre + "mlp": PrepareModuleInput(
-                input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
-            ),
+            pre + "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
             pre + "mlp.gate_proj": ColwiseParallel(),
             pre + "mlp.up_proj": ColwiseParallel(),
             pre + "mlp.down_proj": RowwiseParallel(output_layouts=seq),
@@ -238,3 +236,46 @@ def fsdp_placement(param):
     if any(isinstance(p, _StridedShard) for p in getattr(param, "placements", ())):
         return Shard(param.dim() - 1)
     return None
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """Count what the TP collectives send (a context manager, this rank): every functional
+    collective DTensor issues (`torch.ops._c10d_functional`: all_gather_into_tensor,
+    reduce_scatter_tensor, all_reduce), forward and backward, as (op, bytes sent per GPU) in
+    `records`. A ring over g GPUs sends (g - 1) x the input of an all-gather, (g - 1) / g of the
+    input of a reduce-scatter, 2 (g - 1) / g of an all-reduce's (Thakur et al. 2005); `degree`
+    is g for all-reduce, which carries no group size."""
+
+    def __init__(self, degree: int):
+        super().__init__()
+        self.degree, self.records = degree, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.name()
+        if name.startswith("_c10d_functional::"):
+            op, x = name.split("::")[1].split(".")[0], args[0]
+            g = self.degree
+            sent = {
+                "all_gather_into_tensor": (g - 1) * x.nbytes,
+                "reduce_scatter_tensor": (g - 1) * x.nbytes // g,
+                "all_reduce": 2 * (g - 1) * x.nbytes // g,
+            }.get(op)
+            if sent is not None:
+                self.records.append((op, sent))
+        return func(*args, **(kwargs or {}))
+
+    def total(self, op: str | None = None) -> int:
+        return sum(b for o, b in self.records if op is None or o == op)
+
+
+def reduce_partial_grads(model: nn.Module) -> None:
+    """Give every gradient its parameter's placement. A norm weight is replicated under
+    SequenceParallel and each GPU sees its own tokens, so DTensor leaves its gradient
+    Partial(sum) over TP: one all-reduce of h values per norm. The embedding's comes back
+    Replicate (the whole vocabulary on every GPU): its own rows are a local slice, no traffic.
+    Left as they are, every optimizer op would redistribute again and the sum over units
+    would move (and, for a partial one, add) the wrong tensors."""
+    for p in model.parameters():
+        g = p.grad
+        if g is not None and getattr(g, "placements", p.placements) != p.placements:
+            p.grad = g.redistribute(g.device_mesh, p.placements)
