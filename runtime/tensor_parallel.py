@@ -32,7 +32,6 @@ row split), heads, kv heads, MLP width or vocabulary that t does not divide (nam
 from __future__ import annotations
 
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -45,6 +44,7 @@ from torch.distributed.tensor.parallel import (
 # torch's placement for a dimension sharded in interleaved blocks (torch private; the public
 # Shard cannot say "rows q_j, k_j, v_j"): the placement FSDP2 itself builds for TP + FSDP.
 from torch.distributed.tensor.placement_types import _StridedShard
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dcp_opt.errors import DcpOptError
 
@@ -152,7 +152,9 @@ def hf_plan(model: nn.Module, degree: int) -> dict:
             pre + "self_attn.v_proj": ColwiseParallel(),
             pre + "self_attn.o_proj": RowwiseParallel(output_layouts=seq),
             pre + "post_attention_layernorm": SequenceParallel(sequence_dim=1),
-            pre + "mlp": PrepareModuleInput(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+            pre + "mlp": PrepareModuleInput(
+                input_layouts=(seq,), desired_input_layouts=(Replicate(),)
+            ),
             pre + "mlp.gate_proj": ColwiseParallel(),
             pre + "mlp.up_proj": ColwiseParallel(),
             pre + "mlp.down_proj": RowwiseParallel(output_layouts=seq),

@@ -105,7 +105,11 @@ def job_step(ctx, plan_json: str, seed: int, mode: str | None = None):
         return report.loss, None, [full(p) for p in model.parameters()]
     report = execute_step(plan, task, model, data, pool=ctx.pool, state=state, step=0, tp=tp)
     # summed over the unit too: no gradient left Partial (the norms' under SequenceParallel)
-    bad = [(n, p.grad.placements, p.placements) for n, p in model.named_parameters() if p.grad.placements != p.placements]
+    bad = [
+        (n, p.grad.placements, p.placements)
+        for n, p in model.named_parameters()
+        if p.grad.placements != p.placements
+    ]
     assert not bad, bad
     grads = [full(p.grad) for p in model.parameters()]
     adamw(model.parameters()).step()
