@@ -247,3 +247,14 @@ def test_ulysses_degrees_whose_t_d_does_not_divide_the_heads_are_refused():
     cp = [Group(0, 2, (MicroBatch((0, 1, 2, 3, 4, 5, 6, 7), 0),), kind="cp")]
     with pytest.raises(TensorParallelError, match="kind 'cp' with tensor_parallel 2"):
         check_plan_heads(unit_plan([cp], t=2), model)
+
+
+@pytest.mark.parametrize("mode", ["none", "zero3"])
+def test_sharding_modes_not_built_with_tp_are_refused_unchanged(mode):
+    from dcp_opt.errors import DcpOptError
+
+    model = make_model(0)
+    before = snapshot(model)
+    with pytest.raises(DcpOptError, match=f"mode: '{mode}' with tensor parallelism not built"):
+        shard(model, adamw, mode=mode, pool=None, task=LMTask(), tp=FAKE_TP)
+    assert all(torch.equal(before[k][1], v) for k, v in model.state_dict().items())
