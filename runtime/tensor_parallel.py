@@ -11,8 +11,9 @@ tokens and left by a reduce-scatter: per layer, forward, 2 all-gathers and 2 red
 of the unit's s x h activations, and the same again in backward. The embedding is split by
 vocabulary rows and hands the first layer its token shard; the head is split by vocabulary
 columns and returns the whole logits to every GPU of the unit (no loss parallelism), as
-torchtitan's `apply_tp` (torchtitan/models/llama3/infra/parallelize.py, lines 151-230) does
-for its Llama with loss parallelism off.
+torchtitan's `apply_tp` does for its Llama with loss parallelism off
+(torchtitan/models/llama3/infra/parallelize.py at 018740b, `apply_tp` from line 159: the
+embedding / norm / head plan at 171-186, the per-block plan at 215-248).
 
 Tokens are the packed stream of a micro-batch: [T] for TinyLM (sequence dim 0), [1, T] for
 transformers models (dim 1). The task pads the unit's part of the stream to a multiple of t
