@@ -107,9 +107,9 @@ def check_same_plan(plan: Plan, *, group=None) -> None:
 def _check_world(plan: Plan, world: int) -> int:
     """The plan's units (ranks of the plan: tensor_parallel GPUs each) in this world."""
     if plan.num_ranks * plan.tensor_parallel != world:
+        units = f" units of tensor_parallel {plan.tensor_parallel}" * (plan.tensor_parallel > 1)
         raise PlanMismatchError(
-            f"plan.num_ranks: {plan.num_ranks} units of tensor_parallel "
-            f"{plan.tensor_parallel} but the world has {world} ranks; "
+            f"plan.num_ranks: {plan.num_ranks}{units} but the world has {world} ranks; "
             "allowed: a plan made for exactly this world"
         )
     return plan.num_ranks
