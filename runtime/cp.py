@@ -285,7 +285,7 @@ def shard_for_group(pack, samples, kind: str, state) -> dict:
     """This member's part of a packed micro-batch under the active group's SP kind (on the
     CPU); sets the whole stream's `segments` on `state`, and under cp and ring its `layout`
     and `positions`. Ulysses: contiguous shards of the stream padded to a multiple of d
-    (runtime/sp.py); cp and ring (runtime/ring.py): head-tail chunks of every sequence.
+    (times `state.tp_degree` under tensor parallelism; runtime/sp.py); cp and ring (runtime/ring.py): head-tail chunks of every sequence.
     `pack` is LMTask.pack."""
     sp = state.sp
     if state.kind in ("cp", "ring") and sp.degree > 1:
@@ -297,7 +297,8 @@ def shard_for_group(pack, samples, kind: str, state) -> dict:
             layout,
         )
         return part
-    whole = pack(samples, kind, sp.degree)
+    # under TP each member's contiguous shard splits again over the unit's tp_degree GPUs
+    whole = pack(samples, kind, sp.degree * getattr(state, "tp_degree", 1))
     _, lo, hi = shard_bounds(whole["tokens"].shape[0], sp.degree, sp.rank)
     state.segments = whole["segments"]
     return {k: v[lo:hi] for k, v in whole.items()}

@@ -20,10 +20,11 @@ from torch import nn
 from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Plan
 
-from .groups import GroupPool
+from .groups import GroupPool, TPGroups
 from .parallelize import SPState
 from .plan_check import check_plan_once
 from .sp import SPGroup
+from .tensor_parallel import check_plan_heads, reduce_partial_grads
 
 # The gradient sum's default bucket (one all-reduce per bucket), as in PyTorch DDP's
 # bucket_cap_mb=25 (torch/nn/parallel/distributed.py).
@@ -103,12 +104,27 @@ def check_same_plan(plan: Plan, *, group=None) -> None:
     _gather_hashes(plan.content_hash(), world, group)
 
 
-def _check_world(plan: Plan, world: int) -> None:
-    if plan.num_ranks != world:
+def _check_world(plan: Plan, world: int) -> int:
+    """The plan's units (ranks of the plan: tensor_parallel GPUs each) in this world."""
+    if plan.num_ranks * plan.tensor_parallel != world:
+        units = f" units of tensor_parallel {plan.tensor_parallel}" * (plan.tensor_parallel > 1)
         raise PlanMismatchError(
-            f"plan.num_ranks: {plan.num_ranks} but the world has {world} ranks; "
+            f"plan.num_ranks: {plan.num_ranks}{units} but the world has {world} ranks; "
             "allowed: a plan made for exactly this world"
         )
+    return plan.num_ranks
+
+
+def _check_tp(plan: Plan, tp: TPGroups | None, model: nn.Module) -> None:
+    if tp is None and plan.tensor_parallel != 1:
+        raise DcpOptError(
+            f"plan.tensor_parallel: {plan.tensor_parallel} needs tp=TPGroups.create("
+            f"{plan.tensor_parallel}) and a model split by apply_tensor_parallel; allowed: "
+            "tensor_parallel 1 without tp"
+        )
+    if tp is not None:
+        tp.check_plan(plan)
+        check_plan_heads(plan, model)
 
 
 def _gather_hashes(content_hash: str, world: int, group) -> None:
@@ -123,15 +139,23 @@ def _gather_hashes(content_hash: str, world: int, group) -> None:
         raise PlanMismatchError(f"plan: ranks hold different plans ({detail})")
 
 
+def _local(x: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (tensor parallelism), a plain tensor as it is."""
+    return x.to_local() if hasattr(x, "to_local") else x
+
+
 def sum_gradients(
     model: nn.Module,
     *,
     extra: torch.Tensor | None = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    group=None,
 ) -> torch.Tensor | None:
-    """Sum every parameter's gradient over the whole world in flat buckets (one all-reduce
+    """Sum every parameter's gradient over the whole world (or `group`: under tensor
+    parallelism the GPUs of this TP rank, TPGroups.dp_group) in flat buckets (one all-reduce
     per bucket). Parameters without a gradient (a rank with no work) send zeros. `extra`, a
-    scalar riding in the first bucket of its dtype, comes back summed too."""
+    scalar riding in the first bucket of its dtype, comes back summed too. A DTensor
+    parameter's local shard is summed: each TP rank sums its own shard."""
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
@@ -140,27 +164,28 @@ def sum_gradients(
     for p in params:
         last = buckets[-1] if buckets else None
         fits = last and last[0].dtype == p.dtype and last[0].device == p.device
-        if fits and sum(q.numel() * q.element_size() for q in last) < bucket_bytes:
+        if fits and sum(_local(q).nbytes for q in last) < bucket_bytes:
             last.append(p)
         else:
             buckets.append([p])
     out = None
     for bucket in buckets:
-        parts = [p.grad.reshape(-1) for p in bucket]
+        parts = [_local(p.grad).reshape(-1) for p in bucket]
         carry = extra is not None and out is None and extra.dtype == bucket[0].dtype
         if carry:
             parts.append(extra.reshape(1).to(bucket[0].device))
         flat = torch.cat(parts)
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=group)
         if carry:
             out, flat = flat[-1].clone(), flat[:-1]
         offset = 0
         for p in bucket:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+            g = _local(p.grad)
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
     if extra is not None and out is None:
         out = extra.clone().to(_device())
-        dist.all_reduce(out)
+        dist.all_reduce(out, group=group)
     return out
 
 
@@ -177,6 +202,7 @@ def execute_step(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     sharding=None,
     batch=None,
+    tp: TPGroups | None = None,
 ) -> StepReport:
     """Run this rank's part of `plan` and sum gradients over the world.
 
@@ -192,20 +218,29 @@ def execute_step(
     Before any collective, on every rank alike, the plan is checked without a cost model
     (runtime/plan_check.py: ranks, coverage, normaliser, recompute; once per plan) and
     refused with `dcp_opt.InvalidPlanError` naming each violation; then every rank's plan
-    hash is compared (`check_plan`, one all-gather)."""
+    hash is compared (`check_plan`, one all-gather).
+
+    `tp` (runtime/groups.py TPGroups, for a plan with tensor_parallel t > 1 and a model split
+    by runtime/tensor_parallel.apply_tensor_parallel): this GPU runs its unit's plan rank with
+    the unit's other GPUs (the same micro-batches), in the plan's groups formed by the GPUs of
+    its TP rank, and the gradients are summed over the units (the "dp" mesh dimension)."""
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
     t_check = time.perf_counter()
     world = dist.get_world_size()
-    _check_world(plan, world)
+    units = _check_world(plan, world)
     content_hash = plan.content_hash()
     check_plan_once(
-        plan, world, batch=batch, num_layers=_num_layers(model), content_hash=content_hash
+        plan, units, batch=batch, num_layers=_num_layers(model), content_hash=content_hash
     )
     if check_plan:
         _gather_hashes(content_hash, world, None)
-    pool.check_plan(plan)  # identical verdict on every rank: no rank enters a collective alone
+    _check_tp(plan, tp, model)
+    if tp is None:
+        pool.check_plan(plan)  # identical verdict on every rank: none enters a collective alone
     check_kinds(plan, task)
+    rank = pool.rank if tp is None else tp.unit
+    state.tp_degree = 1 if tp is None else tp.degree
     if sharding is not None:
         sharding.check_plan(plan, model)
         sharding.begin_step()
@@ -214,10 +249,10 @@ def execute_step(
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     times: list[MicroBatchTime] = []
     for p in range(len(plan.phases)):
-        group = plan.group_of(pool.rank, p)
+        group = plan.group_of(rank, p)
         if not group.micro_batches:
             continue  # idle in this phase: nothing to wait for, no barrier between phases
-        state.sp, state.kind = _sp_group(pool, group), group.kind
+        state.sp, state.kind = _sp_group(pool, group, tp, rank), group.kind
         for k, mb in enumerate(group.micro_batches):
             t0 = time.perf_counter()
             state.recompute_layers = mb.recompute_layers
@@ -240,7 +275,10 @@ def execute_step(
     t_sync = time.perf_counter()
     if sharding is None:
         dtype = next(model.parameters()).dtype
-        total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes)
+        if tp is not None:
+            reduce_partial_grads(model)
+        dp = None if tp is None else tp.dp_group  # each TP rank holds its unit's whole loss
+        total = sum_gradients(model, extra=loss.to(dtype), bucket_bytes=bucket_bytes, group=dp)
     else:
         total = sharding.finish_step(task, state, step=step, kind=plan.normalizer_kind, loss=loss)
     _sync()
@@ -280,11 +318,14 @@ def check_kinds(plan: Plan, task) -> None:
         )
 
 
-def _sp_group(pool: GroupPool, group) -> SPGroup:
+def _sp_group(pool: GroupPool, group, tp: TPGroups | None, rank: int) -> SPGroup:
     if group.degree == 1:
         return SPGroup.single()  # no collective at all inside a one-rank group
-    handle = pool.get(group.start_rank, group.degree)
-    return SPGroup(handle, group.degree, pool.rank - group.start_rank)
+    if tp is not None:  # the group's GPUs of this TP rank, one per unit
+        handle = tp.sp_handle(group.start_rank, group.degree)
+    else:
+        handle = pool.get(group.start_rank, group.degree)
+    return SPGroup(handle, group.degree, rank - group.start_rank)
 
 
 def _sync() -> None:

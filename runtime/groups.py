@@ -130,3 +130,95 @@ class GroupPool:
                         f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)} "
                         "at the cluster's placements (Cluster.placements)"
                     )
+
+
+@dataclass(frozen=True)
+class TPGroups:
+    """The process groups of a tensor-parallel run (plan.tensor_parallel = `degree` = t).
+
+    A plan rank is a unit of t GPUs: GPU `u t + j` is TP rank j of unit u (docs/plan-format.md,
+    schema 3). `mesh` is the 2-D DeviceMesh ("dp", "tp") of shape (units, t): its "tp" rows are
+    the units (parallelize_module runs over them), its "dp" columns the GPUs of equal TP rank
+    (the gradient sum and FSDP2 run over them). A plan group of d units at start unit s is, for
+    TP rank j, the GPUs `(s + i) t + j` for i < d: its Ulysses all-to-alls run between GPUs of
+    equal TP rank, each carrying H / (t d) heads. Every such group exists once per (s, d, j),
+    created in one fixed order on every rank (degree, start, TP rank ascending)."""
+
+    degree: int
+    mesh: object  # torch DeviceMesh ("dp", "tp")
+    groups: dict  # (start unit, unit degree) -> [handle for TP rank j]
+    rank: int  # this GPU's global rank
+    num_units: int
+    degrees: tuple[int, ...]
+
+    @property
+    def unit(self) -> int:
+        return self.rank // self.degree
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.degree
+
+    @property
+    def dp_group(self):
+        """The GPUs of this TP rank across all units (the data-parallel dimension)."""
+        return self.mesh.get_group("dp")
+
+    @classmethod
+    def create(
+        cls, degree: int, *, gpus_per_node: int | None = None, timeout_s: float | None = None
+    ) -> TPGroups:
+        """Collective: every rank calls it with the same arguments, in the same order relative
+        to its other new_group calls. `gpus_per_node` (default: the world) must divide by
+        `degree`: a unit never spans nodes."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise DcpOptError("TPGroups.create: call torch.distributed.init_process_group first")
+        world = dist.get_world_size()
+        per = gpus_per_node or world
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1 or per % degree:
+            raise DcpOptError(
+                f"tensor_parallel: {degree!r} not allowed; allowed: an integer >= 1 dividing "
+                f"the GPUs of a node ({per})"
+            )
+        units = runtime_cluster(world // degree, per // degree)
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        mesh = init_device_mesh(device, (world // degree, degree), mesh_dim_names=("dp", "tp"))
+        kw = group_timeout(timeout_s)
+        groups = {}
+        for d in units.allowed_degrees:
+            for start in units.placements(d):
+                groups[(start, d)] = [
+                    dist.new_group([(start + i) * degree + j for i in range(d)], **kw)
+                    if d > 1
+                    else None
+                    for j in range(degree)
+                ]
+        return cls(degree, mesh, groups, dist.get_rank(), units.num_gpus, units.allowed_degrees)
+
+    def sp_handle(self, start: int, degree: int):
+        """The process group of plan group (start unit, degree) for this GPU's TP rank."""
+        try:
+            return self.groups[(start, degree)][self.tp_rank]
+        except KeyError:
+            raise DcpOptError(
+                f"group: no unit group at start {start} with degree {degree}; allowed degrees "
+                f"{list(self.degrees)} at the unit cluster's placements"
+            ) from None
+
+    def check_plan(self, plan) -> None:
+        """Fail on every rank alike (no collective) if a plan does not fit these groups."""
+        if plan.tensor_parallel != self.degree or plan.num_ranks != self.num_units:
+            raise DcpOptError(
+                f"plan.tensor_parallel: {plan.tensor_parallel} with num_ranks {plan.num_ranks}; "
+                f"allowed: tensor_parallel {self.degree} with {self.num_units} units (the "
+                "TPGroups of this run)"
+            )
+        for p, phase in enumerate(plan.phases):
+            for g in phase.groups:
+                if (g.start_rank, g.degree) not in self.groups:
+                    raise DcpOptError(
+                        f"plan.phases[{p}]: group at unit {g.start_rank} with degree "
+                        f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)}"
+                    )

@@ -66,13 +66,16 @@ class SelfAttention(nn.Module):
     def __init__(self, hidden: int, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
+        self.head_dim = hidden // num_heads
         self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
         self.out = nn.Linear(hidden, hidden, bias=False)
         self.attention_fn = segment_attention
 
     def split(self, x: torch.Tensor):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        shape = (*x.shape[:-1], self.num_heads, -1)
+        # heads counted from the width (torchtitan's view(..., -1, head_dim)): a projection
+        # that holds a slice of the heads (tensor parallelism) splits into its own heads
+        shape = (*x.shape[:-1], -1, self.head_dim)
         return q.reshape(shape), k.reshape(shape), v.reshape(shape)
 
 
@@ -94,7 +97,7 @@ class LMBlock(nn.Module):
         q, k, v = self.attn.split(self.norm1(h))
         q, k = rope(q, positions, self.cfg.rope_base), rope(k, positions, self.cfg.rope_base)
         a = self.attn.attention_fn(q, k, v, segments=segments, causal=True)
-        h = h + self.attn.out(a.reshape(h.shape))
+        h = h + self.attn.out(a.flatten(-2))
         return h + self.mlp(self.norm2(h))
 
 

@@ -33,7 +33,10 @@ class SPState:
     2D: the micro-batch's layout travels with the model's inputs (runtime/video.py).
     `kind`: the active group's SP kind ("ulysses", "cp" or "ring", plan Group.kind); under
     cp and ring `layout` [d, M] holds each member's stream indices and `positions` the whole
-    stream's in-sequence positions (runtime/cp.py, runtime/ring.py)."""
+    stream's in-sequence positions (runtime/cp.py, runtime/ring.py).
+    `tp_degree`: the GPUs of a unit under tensor parallelism (runtime/tensor_parallel.py):
+    each unit's part of the stream is padded to a multiple of it, so sequence parallelism
+    splits it evenly over the unit's GPUs."""
 
     sp: SPGroup = field(default_factory=SPGroup.single)
     recompute_layers: int = 0
@@ -41,6 +44,7 @@ class SPState:
     kind: str = "ulysses"
     layout: torch.Tensor | None = None
     positions: torch.Tensor | None = None
+    tp_degree: int = 1
 
 
 def parallelize(model: nn.Module, state: SPState, *, sync_weights: bool = True) -> nn.Module:

@@ -37,6 +37,7 @@ from .groups import GroupPool
 from .parallelize import SPState
 from .sp import SPGroup
 from .tasks import DiffusionTask, LMTask
+from .tensor_parallel import fsdp_placement
 
 # dtype: the compute dtype. None computes in the model's own dtype (fp32 or fp64, no casts);
 # "bf16" is mixed precision: bf16 parameters and activations for compute, fp32 gradient
@@ -124,6 +125,9 @@ class Sharding:
     # Called with this Sharding after the plan's last micro-batch, before the world reduces:
     # the step's peak of model states (benchmarks/bench_memory.py measures there).
     probe: Callable | None = None
+    # The loss sum's group: None (the world), or under tensor parallelism the GPUs of this TP
+    # rank (each GPU of a unit holds the unit's whole loss).
+    loss_group: object = None
 
     def check_plan(self, plan, model: nn.Module | None = None) -> None:
         """Fail (on every rank alike: they hold the same plan) if the plan was made for
@@ -168,7 +172,7 @@ class Sharding:
         if self.mode == "none":
             _all_reduce_grads(self.model)
         total = loss.detach().clone()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=self.loss_group)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
@@ -182,10 +186,20 @@ def shard(
     pool: GroupPool,
     task,
     dtype: str | None = None,
+    tp=None,
 ) -> Sharding:
     """Shard `model` in place under `mode` (collective: every rank calls it alike) and build
-    its optimizer with `make_optimizer(params)`. Bad input raises before the model changes."""
+    its optimizer with `make_optimizer(params)`. Bad input raises before the model changes.
+
+    `tp` (runtime/groups.py TPGroups; the model already split by apply_tensor_parallel):
+    zero1 / zero2 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh (as
+    torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard."""
     _check_inputs(model, make_optimizer, mode, dtype)
+    if tp is not None and mode not in ("zero1", "zero2"):
+        raise DcpOptError(
+            f"mode: {mode!r} with tensor parallelism not built; allowed: 'zero1', 'zero2' (or "
+            "no shard(): execute_step sums the gradients over the units)"
+        )
     sample = closing_sample(task, model)
     if not isinstance(pool, GroupPool):
         raise DcpOptError(
@@ -195,19 +209,24 @@ def shard(
     # none: a full replica, FSDP2 over this rank alone (its casts, no world collective)
     group = pool.get(pool.rank, 1) if mode == "none" else dist.group.WORLD
     mesh = DeviceMesh.from_group(group, "cuda" if dist.get_backend() == "nccl" else "cpu")
+    if tp is not None:
+        mesh = tp.mesh["dp"]
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
     )
     units = shard_units(model)
+    placement = None if tp is None else fsdp_placement
     for u in units:
-        fully_shard(u, mesh=mesh, mp_policy=policy)
+        fully_shard(u, mesh=mesh, mp_policy=policy, shard_placement_fn=placement)
     for u in units:
         # Sum, not mean: the plan's losses are already scaled by 1 / loss_normalizer, and
         # PREMUL_SUM (FSDP2's route for a custom factor) is not a gloo reduce op.
         u.set_gradient_divide_factor(1.0)
         u.set_force_sum_reduction_for_comms(True)
-    return Sharding(mode, model, make_optimizer(model.parameters()), units, sample, dtype)
+    out = Sharding(mode, model, make_optimizer(model.parameters()), units, sample, dtype)
+    out.loss_group = None if tp is None else tp.dp_group
+    return out
 
 
 def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:
