@@ -216,7 +216,9 @@ def execute_step(
     started = time.perf_counter()
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     times: list[MicroBatchTime] = []
-    padding = sharding.padding(plan, pool.rank) if sharding is not None else ()
+    # A sharding without `padding` (duck-typed, step-level) pads nothing.
+    pad = getattr(sharding, "padding", None)
+    padding = pad(plan, pool.rank) if pad is not None else ()
     for p in range(len(plan.phases)):
         group = plan.group_of(pool.rank, p)
         if group.micro_batches:  # idle: nothing to wait for, no barrier between phases

@@ -323,15 +323,17 @@ def held_bytes(sharding: Sharding) -> dict[str, int]:
                 total += st.nbytes()
         return total
 
-    fps = []
+    fps, partial = [], []
     for u in sharding.units:
         group = u._get_fsdp_state()._fsdp_param_group
         fps += group.fsdp_params if group is not None else []
+        # per layer over several domains: the gradient shards wait here for the all-reduce
+        partial.append(getattr(group, "_partial_reduce_output", None))
     out = {"params": size(fp.sharded_param for fp in fps)}
     out["compute"] = size(t for fp in fps for t in fp.all_gather_outputs)
     grads = [fp.sharded_param.grad for fp in fps] + [fp.unsharded_accumulated_grad for fp in fps]
     grads += [fp._unsharded_param.grad for fp in fps if hasattr(fp, "_unsharded_param")]
-    out["grads"] = size(grads)
+    out["grads"] = size(grads + partial)
     state = sharding.optimizer.state.values()
     out["optimizer"] = size(
         v for st in state for v in st.values() if torch.is_tensor(v) and v.dim()
