@@ -10,6 +10,7 @@ storages autograd saves in each micro-batch (saved-tensor hooks; weights exclude
 largest micro-batch is compared with the cost model's activation term for it.
 
     python benchmarks/bench_memory.py --worlds 2 4 --json out/bench_memory.json
+    python benchmarks/bench_memory.py --worlds 4 --modes zero3 --shard-domains 2 4   # per layer
     dcp-opt profile --target tiny-lm --layers 4 --hidden 64 --heads 4 --ffn 128 \
         --dtype bfloat16 --quick --device cpu -o tiny_lm_bf16.profile.json
     python benchmarks/bench_memory.py --profile tiny_lm_bf16.profile.json   # measured act
@@ -207,6 +208,83 @@ def activations(cost: CostModel, preset: CostModel, mbs: list) -> dict:
     }  # fmt: skip
 
 
+def job_per_layer(ctx, plan_json: str, batch_dict: dict):
+    """ZeRO-3 per layer (the plan's shard_domain), bf16, two steps; in the second: bytes per
+    collective kind and group size, held_bytes after the plan's last micro-batch, and the
+    in-flight peak: held_bytes (+ the reduce-scatter's fp32 input) sampled at every
+    collective."""
+    import torch.distributed as dist
+
+    plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
+    torch.manual_seed(0)
+    state, task = SPState(), LMTask()
+    model = parallelize(TinyLM(CFG), state)
+    sh = shard(model, torch.optim.AdamW, mode="zero3", pool=ctx.pool, task=task, dtype="bf16",
+               shard_domain=plan.shard_domain)  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    data = {q.id: torch.randint(CFG.vocab_size, (q.shape[0] + 1,), generator=g)
+            for q in batch.sequences}  # fmt: skip
+    counts, held, peak = {}, {}, {"total": 0}
+    which = {"all_gather_single": 0, "reduce_scatter_single": 1, "all_reduce": 0}
+    inner = {n: getattr(dist, n) for n in which}
+
+    def wrap(name):
+        def counted(*args, **kw):
+            t = args[which[name]] if len(args) > which[name] else list(kw.values())[which[name]]
+            nbytes = t.numel() * t.element_size()
+            key = f"{name}/{dist.get_world_size(kw.get('group'))}"
+            counts[key] = counts.get(key, 0) + nbytes
+            now = held_bytes(sh)
+            now["rs_input"] = nbytes if name == "reduce_scatter_single" else 0
+            if sum(now.values()) > peak["total"]:
+                peak.update(now, total=sum(now.values()))
+            return inner[name](*args, **kw)
+
+        return counted
+
+    try:
+        for name in which:
+            setattr(dist, name, wrap(name))
+        for step in range(2):
+            counts.clear()
+            peak.update(total=0)
+            sh.probe = (lambda s: held.update(held_bytes(s))) if step else None
+            report = execute_step(plan, task, model, data, pool=ctx.pool, state=state,
+                                  step=step, sharding=sh)  # fmt: skip
+    finally:
+        for name in which:
+            setattr(dist, name, inner[name])
+    steps = len(report.micro_batches) + sum(report.padding) + 1
+    return {"counts": counts, "between": held, "peak": peak, "micro_steps": steps}
+
+
+def per_layer_rows(workers: DistWorkers, domains: list[int]) -> list[dict]:
+    """Per shard domain s and rank: traffic against 2 x 2 B (gathers) + 4 B (reduce-scatter)
+    per parameter and micro-step (+ 4 B / s once across domains), states between micro-steps
+    against 16 B / s, and the in-flight peak above them."""
+    import dataclasses
+
+    world, batch = workers.world_size, Batch.from_lengths(LENGTHS)
+    p = sum(q.numel() for q in TinyLM(CFG).parameters())
+    plan = run_planner("greedy", batch, cost_for(world, "zero3", "bf16")).plan
+    rows = []
+    for s in domains:
+        run = dataclasses.replace(plan, shard_domain=s).to_json()
+        for rank, out in enumerate(workers.run(job_per_layer, run, batch.to_dict())):
+            m, c = out["micro_steps"], out["counts"]
+            sent = c.get(f"all_gather_single/{s}", 0) + c.get(f"reduce_scatter_single/{s}", 0)
+            between = sum(out["between"].values())
+            rows.append({
+                "world": world, "shard_domain": s, "rank": rank, "micro_steps": m,
+                "domain_bytes": sent, "domain_formula": 8 * p * m,
+                "cross_domain_bytes": c.get(f"all_reduce/{world // s}", 0) if s < world else 0,
+                "cross_domain_formula": 4 * p // s if s < world else 0,
+                "between_micro_steps": between, "between_formula": 16 * p / s,
+                "peak": out["peak"],
+            })  # fmt: skip
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     head = (
         f"{'world':>5} {'mode':>5} {'rank':>4} {'params':>9} {'compute':>9} {'grads':>9} "
@@ -261,14 +339,20 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     ap.add_argument("--json", metavar="OUT", help="write every row here")
     ap.add_argument("--profile", metavar="FILE", help="a dcp-opt profile of this model (bf16)")
+    ap.add_argument(
+        "--shard-domains", type=int, nargs="*", default=[],
+        help="also ZeRO-3 per layer (bf16) over these shard domains, on the largest world",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     dtype = None if args.dtype == "fp32" else "bf16"
-    rows = []
+    rows, layered = [], []
     for world in args.worlds:
         workers = DistWorkers(world, timeout_s=120.0)
         try:
             for mode in args.modes:
                 rows += measure(workers, mode, dtype, args.profile)
+            if world == max(args.worlds) and args.shard_domains:
+                layered = per_layer_rows(workers, args.shard_domains)
         finally:
             workers.close()
     src = args.profile or "FLOP-derived preset"
@@ -276,9 +360,12 @@ def main(argv=None) -> int:
     print(f"activation coefficients: {src}; 'act pred' = the saved part of the activation term")
     print(table(rows))
     print(breakdown(rows, args.profile))
+    for r in layered:
+        print(json.dumps(r))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"schema": "dcp-opt-bench-memory/1", "rows": rows}, f, indent=1)
+            out = {"schema": "dcp-opt-bench-memory/1", "rows": rows, "per_layer": layered}
+            json.dump(out, f, indent=1)
     return 0
 
 

@@ -77,6 +77,9 @@ class StepReport:
     # Seconds of the plan checks before the step clock starts (the plan-hash all-gather and
     # the pool check): paid every step, not part of step_time_s.
     check_s: float = 0.0
+    # ZeRO-3 per layer (Plan.shard_domain > 0): per phase, the empty micro-steps this rank ran
+    # to match the largest micro-batch count of its shard domain; () otherwise.
+    padding: tuple[int, ...] = ()
 
     def summary(self) -> dict:
         return {
@@ -248,30 +251,17 @@ def execute_step(
     started = time.perf_counter()
     loss = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     times: list[MicroBatchTime] = []
+    # A sharding without `padding` (duck-typed, step-level) pads nothing.
+    pad = getattr(sharding, "padding", None)
+    padding = pad(plan, rank) if pad is not None else ()
     for p in range(len(plan.phases)):
         group = plan.group_of(rank, p)
-        if not group.micro_batches:
-            continue  # idle in this phase: nothing to wait for, no barrier between phases
-        state.sp, state.kind = _sp_group(pool, group, tp, rank), group.kind
-        for k, mb in enumerate(group.micro_batches):
-            t0 = time.perf_counter()
-            state.recompute_layers = mb.recompute_layers
-            samples = [(sid, get(sid)) for sid in mb.sequence_ids]
-            kw = {"step": step, "kind": plan.normalizer_kind, "scale": 1 / plan.loss_normalizer}
-            try:
-                loss += task.run(model, samples, state, **kw).to(loss.dtype)
-            except RuntimeError as e:  # torch.OutOfMemoryError is one
-                if _is_oom(e):
-                    raise _oom_error(pool.rank, p, group, k, mb, e) from e
-                raise
-            _sync()
-            seconds = time.perf_counter() - t0
-            times.append(
-                MicroBatchTime(
-                    p, group.start_rank, group.degree, k, mb.sequence_ids,
-                    mb.recompute_layers, seconds,
-                )
-            )  # fmt: skip
+        if group.micro_batches:  # idle: nothing to wait for, no barrier between phases
+            state.sp, state.kind = _sp_group(pool, group, tp, rank), group.kind
+            _run_group(plan, p, group, task, model, get, state, loss, times, step=step)
+        for _ in range(padding[p] if padding else 0):
+            sharding.empty_micro_step(task, state, step=step, kind=plan.normalizer_kind)
+
     t_sync = time.perf_counter()
     if sharding is None:
         dtype = next(model.parameters()).dtype
@@ -291,7 +281,32 @@ def execute_step(
         plan.predicted_step_time_s,
         tuple(times),
         started - t_check,
+        padding,
     )
+
+
+def _run_group(plan, p, group, task, model, get, state, loss, times, *, step: int) -> None:
+    """This rank's micro-batches of `group` in phase `p`, in order: loss added into `loss`
+    (in place), one MicroBatchTime each appended to `times`."""
+    for k, mb in enumerate(group.micro_batches):
+        t0 = time.perf_counter()
+        state.recompute_layers = mb.recompute_layers
+        samples = [(sid, get(sid)) for sid in mb.sequence_ids]
+        kw = {"step": step, "kind": plan.normalizer_kind, "scale": 1 / plan.loss_normalizer}
+        try:
+            loss += task.run(model, samples, state, **kw).to(loss.dtype)
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
+            if _is_oom(e):
+                raise _oom_error(dist.get_rank(), p, group, k, mb, e) from e
+            raise
+        _sync()
+        seconds = time.perf_counter() - t0
+        times.append(
+            MicroBatchTime(
+                p, group.start_rank, group.degree, k, mb.sequence_ids,
+                mb.recompute_layers, seconds,
+            )
+        )  # fmt: skip
 
 
 def _num_layers(model: nn.Module) -> int | None:

@@ -128,6 +128,9 @@ class Sharding:
     # The loss sum's group: None (the world), or under tensor parallelism the GPUs of this TP
     # rank (each GPU of a unit holds the unit's whole loss).
     loss_group: object = None
+    # ZeRO-3 per layer (Plan.shard_domain): 0 is the step-level schedule above; s > 0 shards
+    # over aligned blocks of s ranks and gathers each unit per micro-step (docs/architecture.md).
+    shard_domain: int = 0
 
     def check_plan(self, plan, model: nn.Module | None = None) -> None:
         """Fail (on every rank alike: they hold the same plan) if the plan was made for
@@ -136,6 +139,12 @@ class Sharding:
         if model is not None and model is not self.model:
             raise DcpOptError(
                 "model: not the model this Sharding wraps; allowed: the module passed to shard()"
+            )
+        domain = getattr(plan, "shard_domain", 0)
+        if domain != self.shard_domain:
+            raise ShardingModeError(
+                f"shard_domain: the plan has {domain} but this run shards with "
+                f"{self.shard_domain}; allowed: shard(..., shard_domain={domain})"
             )
         planned = getattr(plan, "optimizer_sharding", "")
         if planned and planned != self.mode:
@@ -147,7 +156,16 @@ class Sharding:
 
     def begin_step(self) -> None:
         """Gather every unit once (a world all-gather in the sharded modes) and keep it
-        gathered through the step; no gradient sync inside the plan's phases."""
+        gathered through the step; no gradient sync inside the plan's phases. Per layer
+        (shard_domain > 0): gather per unit and micro-step, reduce-scatter inside the domain
+        every micro-step, all-reduce across domains only in the closing micro-step."""
+        if self.shard_domain:
+            for u in self.units:
+                u.set_reshard_after_forward(True, recurse=False)
+                u.set_reshard_after_backward(True, recurse=False)
+                u.set_requires_gradient_sync(True, recurse=False)
+                u.set_requires_all_reduce(False, recurse=False)
+            return
         for u in self.units:
             u.set_reshard_after_forward(False, recurse=False)
             u.set_reshard_after_backward(False, recurse=False)
@@ -163,8 +181,8 @@ class Sharding:
         if self.mode != "none":
             for u in self.units:
                 u.set_requires_gradient_sync(True, recurse=False)
-            state.sp, state.recompute_layers = SPGroup.single(), 0
-            task.run(self.model, [(-1, self.sample)], state, step=step, kind=kind, scale=0.0)
+                u.set_requires_all_reduce(True, recurse=False)
+            self.empty_micro_step(task, state, step=step, kind=kind)
         # While gathered, FSDP2 registers the unsharded parameters on the modules; resharding
         # puts back the sharded ones, which hold the gradients and which the optimizer steps.
         for u in self.units:
@@ -177,6 +195,54 @@ class Sharding:
         self.optimizer.zero_grad(set_to_none=True)
         return total
 
+    def empty_micro_step(self, task, state: SPState, *, step: int, kind: str) -> None:
+        """One token through every unit, loss x 0 (its gradient is exactly zero), SP degree
+        1: it takes part in every per-unit gather and reduce-scatter and changes nothing."""
+        state.sp, state.recompute_layers = SPGroup.single(), 0
+        task.run(self.model, [(-1, self.sample)], state, step=step, kind=kind, scale=0.0)
+
+    def padding(self, plan, rank: int) -> tuple[int, ...]:
+        """Per phase, the empty micro-steps this rank runs after its own micro-batches: up to
+        the largest count in its shard domain, so every member of a domain calls the per-unit
+        collectives equally often (none at the step-level schedule, shard_domain 0)."""
+        if not self.shard_domain:
+            return (0,) * len(plan.phases)
+        s = self.shard_domain
+        first = rank - rank % s
+        out = []
+        for p in range(len(plan.phases)):
+            counts = [len(plan.group_of(r, p).micro_batches) for r in range(first, first + s)]
+            out.append(max(counts) - counts[rank - first])
+        return tuple(out)
+
+
+def _check_domain(shard_domain, mode: str, world: int) -> None:
+    if isinstance(shard_domain, bool) or not isinstance(shard_domain, int) or shard_domain < 0:
+        raise DcpOptError(f"shard_domain: {shard_domain!r}; allowed: an integer >= 0")
+    if shard_domain and mode != "zero3":
+        raise DcpOptError(
+            f"shard_domain: {shard_domain} needs mode 'zero3', got {mode!r}; allowed: "
+            "shard_domain=0 with any mode, or mode='zero3'"
+        )
+    if shard_domain and world % shard_domain:
+        raise DcpOptError(
+            f"shard_domain: {shard_domain} does not divide the world of {world} ranks; "
+            f"allowed: {[d for d in range(1, world + 1) if world % d == 0]}"
+        )
+
+
+def _mesh(mode: str, pool: GroupPool, shard_domain: int) -> DeviceMesh:
+    """none: this rank alone; the step-level schedule: the world; per layer: replicate across
+    domains x shard inside each aligned block of `shard_domain` ranks (HSDP), 1-D when one
+    domain is the world."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    world = dist.get_world_size()
+    if shard_domain and shard_domain < world:
+        grid = torch.arange(world).view(world // shard_domain, shard_domain)
+        return DeviceMesh(device, grid, mesh_dim_names=("replicate", "shard"))
+    group = pool.get(pool.rank, 1) if mode == "none" else dist.group.WORLD
+    return DeviceMesh.from_group(group, device)
+
 
 def shard(
     model: nn.Module,
@@ -187,30 +253,30 @@ def shard(
     task,
     dtype: str | None = None,
     tp=None,
+    shard_domain: int = 0,
 ) -> Sharding:
     """Shard `model` in place under `mode` (collective: every rank calls it alike) and build
     its optimizer with `make_optimizer(params)`. Bad input raises before the model changes.
 
     `tp` (runtime/groups.py TPGroups; the model already split by apply_tensor_parallel):
     zero1 / zero2 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh (as
-    torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard."""
+    torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
+    `shard_domain` > 0 (mode zero3, the plan's Plan.shard_domain): ZeRO-3 per layer over
+    aligned blocks of that many ranks."""
     _check_inputs(model, make_optimizer, mode, dtype)
     if tp is not None and mode not in ("zero1", "zero2"):
         raise DcpOptError(
             f"mode: {mode!r} with tensor parallelism not built; allowed: 'zero1', 'zero2' (or "
             "no shard(): execute_step sums the gradients over the units)"
         )
+    _check_domain(shard_domain, mode, dist.get_world_size() if dist.is_initialized() else 1)
     sample = closing_sample(task, model)
     if not isinstance(pool, GroupPool):
         raise DcpOptError(
             f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
             "GroupPool.create() after torch.distributed.init_process_group"
         )
-    # none: a full replica, FSDP2 over this rank alone (its casts, no world collective)
-    group = pool.get(pool.rank, 1) if mode == "none" else dist.group.WORLD
-    mesh = DeviceMesh.from_group(group, "cuda" if dist.get_backend() == "nccl" else "cpu")
-    if tp is not None:
-        mesh = tp.mesh["dp"]
+    mesh = tp.mesh["dp"] if tp is not None else _mesh(mode, pool, shard_domain)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
@@ -224,7 +290,8 @@ def shard(
         # PREMUL_SUM (FSDP2's route for a custom factor) is not a gloo reduce op.
         u.set_gradient_divide_factor(1.0)
         u.set_force_sum_reduction_for_comms(True)
-    out = Sharding(mode, model, make_optimizer(model.parameters()), units, sample, dtype)
+    optimizer = make_optimizer(model.parameters())
+    out = Sharding(mode, model, optimizer, units, sample, dtype, shard_domain=shard_domain)
     out.loss_group = None if tp is None else tp.dp_group
     return out
 
@@ -273,15 +340,17 @@ def held_bytes(sharding: Sharding) -> dict[str, int]:
                 total += st.nbytes()
         return total
 
-    fps = []
+    fps, partial = [], []
     for u in sharding.units:
         group = u._get_fsdp_state()._fsdp_param_group
         fps += group.fsdp_params if group is not None else []
+        # per layer over several domains: the gradient shards wait here for the all-reduce
+        partial.append(getattr(group, "_partial_reduce_output", None))
     out = {"params": size(fp.sharded_param for fp in fps)}
     out["compute"] = size(t for fp in fps for t in fp.all_gather_outputs)
     grads = [fp.sharded_param.grad for fp in fps] + [fp.unsharded_accumulated_grad for fp in fps]
     grads += [fp._unsharded_param.grad for fp in fps if hasattr(fp, "_unsharded_param")]
-    out["grads"] = size(grads)
+    out["grads"] = size(grads + partial)
     state = sharding.optimizer.state.values()
     out["optimizer"] = size(
         v for st in state for v in st.values() if torch.is_tensor(v) and v.dim()

@@ -29,6 +29,9 @@ FOREIGN_PRIVATE = {
     "_get_backend",  # torch ProcessGroup: the world group's backend, for its timeout
     "_timeout",  # torch ProcessGroup options: the timeout new groups inherit (runtime/groups)
     "_fsdp_param_group",  # torch FSDP2: the unit's parameters, for their unsharded views
+    # torch FSDP2 under HSDP with the cross-domain all-reduce off: the unit's reduce-scattered
+    # fp32 gradient shards, held until the closing micro-step all-reduces them
+    "_partial_reduce_output",
     # torch's CPU flash-attention kernels (runtime/cp.py: the log-sum-exp they return)
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention_for_cpu_backward",
