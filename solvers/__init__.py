@@ -36,6 +36,8 @@ PLANNERS: dict[str, str] = {
     "megatron_dynamic_cp": "baselines.megatron:plan_megatron_dynamic_cp",
     "verl_balanced": "baselines.verl:plan_verl_balanced",
     "megatron_hybrid_cp": "baselines.megatron_hybrid:plan_megatron_hybrid_cp",
+    "pp_greedy": "pipeline.plan:plan_pp_greedy",
+    "pp_cpsat": "pipeline.cpsat:plan_pp_cpsat",
 }
 
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")

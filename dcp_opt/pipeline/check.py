@@ -56,7 +56,9 @@ def column_features(layout: StageLayout, batch: Batch, group):
     """(feats (m, F), tokens (m,), rec (m, p)) of a group's micro-batches (ids known)."""
     cost = layout.cost
     feats, row = cost.batch_features(batch), cost.batch_rows(batch)
-    f = np.array([feats[[row[s] for s in mb.sequence_ids]].sum(axis=0) for mb in group.micro_batches])
+    f = np.array(
+        [feats[[row[s] for s in mb.sequence_ids]].sum(axis=0) for mb in group.micro_batches]
+    )
     rec = np.array([_stage_rec(mb, layout) for mb in group.micro_batches], dtype=int)
     return f.reshape(-1, cost.num_features), f.reshape(-1, cost.num_features)[:, -2], rec
 
@@ -124,7 +126,9 @@ def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[t
             if not mbs:
                 continue
             bad = [_recompute_problem(mb, pipe.stage_layers) for mb in mbs]
-            out += [("BAD_RECOMPUTE", f"{where} micro-batch {k}: {e}") for k, e in enumerate(bad) if e]
+            out += [
+                ("BAD_RECOMPUTE", f"{where} micro-batch {k}: {e}") for k, e in enumerate(bad) if e
+            ]
             if g.kind not in PIPELINE_KINDS:
                 out.append(("BAD_KIND", f"{where}: kind {g.kind!r}; allowed in a pipeline "
                             f"{list(PIPELINE_KINDS)}"))  # fmt: skip
@@ -133,9 +137,13 @@ def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[t
                 out.append(("BAD_PIPELINE", f"{where}: {len(mbs)} micro-batches; the "
                             f"interleaved schedule needs a multiple of {p}"))  # fmt: skip
                 continue
-            if any(bad) or any(not mb.sequence_ids for mb in mbs) or any(
-                s not in known for mb in mbs for s in mb.sequence_ids
-            ) or g.start_rank < 0 or g.start_rank + g.degree > layout.num_units:
+            if (
+                any(bad)
+                or any(not mb.sequence_ids for mb in mbs)
+                or any(s not in known for mb in mbs for s in mb.sequence_ids)
+                or g.start_rank < 0
+                or g.start_rank + g.degree > layout.num_units
+            ):
                 continue  # reported by the structure and coverage checks
             out += _memory(layout, batch, g, where)
     return out

@@ -12,6 +12,7 @@ that waits for it) is a deadlock: DcpOptError names the stage and action.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import DcpOptError
@@ -26,11 +27,13 @@ class ColumnSchedule:
     timeline: tuple[tuple[tuple[str, float, float], ...], ...]
 
 
+@functools.lru_cache(maxsize=256)
 def column_actions(schedule: str, num_stages: int, num_micro_batches: int, virtual: int):
-    return [
+    """Every stage's actions (tuples of frozen Actions: safe to share)."""
+    return tuple(
         stage_actions(schedule, num_stages, num_micro_batches, s, virtual_stages=virtual)
         for s in range(num_stages)
-    ]
+    )
 
 
 def column_makespan(f, b, x, *, schedule: str, num_stages: int, virtual: int = 1,

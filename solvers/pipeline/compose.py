@@ -1,0 +1,57 @@
+"""Micro-batch composition and columns: which sequences train together, and which column
+(a group of `degree` units, the same on every stage) runs each micro-batch.
+
+Composition: longest-processing-time packing (Graham 1969) of the sequences, heaviest first
+by their additive seconds at the degree (instance.Instance.additive), into K micro-batches
+of at most `max_tokens` tokens each (a sequence that fits no open one opens another).
+Columns: the micro-batches, heaviest first, each to the column with the least seconds so
+far (LPT again); under the interleaved schedule each column takes exactly K / C of them
+(its count must be a multiple of p)."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from .instance import Column, Instance
+
+
+def pack(inst: Instance, d: int, num_bins: int, max_tokens: float) -> list[list[int]]:
+    a = inst.additive(d)
+    tok = inst.tokens
+    bins: list[list[int]] = [[] for _ in range(num_bins)]
+    room = [float(max_tokens)] * num_bins
+    heap = [(0.0, k) for k in range(num_bins)]
+    for i in np.argsort(-a, kind="stable").tolist():
+        skipped = []
+        while heap and room[heap[0][1]] < tok[i]:
+            skipped.append(heapq.heappop(heap))
+        if heap:
+            load, k = heapq.heappop(heap)
+        else:  # no open micro-batch has room: open one
+            bins.append([])
+            room.append(float(max_tokens))
+            load, k = 0.0, len(bins) - 1
+        bins[k].append(i)
+        room[k] -= tok[i]
+        heapq.heappush(heap, (load + a[i], k))
+        for x in skipped:
+            heapq.heappush(heap, x)
+    return [b for b in bins if b]
+
+
+def columns(inst: Instance, d: int, mbs: list[list[int]], *, equal_counts: bool = False):
+    """Draft columns of degree d over one stage's units (start units 0, d, 2d, ...)."""
+    n = inst.layout.num_units // d
+    a = inst.additive(d)
+    w = [float(a[mb].sum()) for mb in mbs]
+    cap = -(-len(mbs) // n) if equal_counts else len(mbs)
+    load, out = [0.0] * n, [[] for _ in range(n)]
+    for k in sorted(range(len(mbs)), key=lambda k: -w[k]):
+        c = min((c for c in range(n) if len(out[c]) < cap), key=lambda c: load[c])
+        out[c].append(mbs[k])
+        load[c] += w[k]
+    p = inst.layout.num_stages
+    return [Column(d, c * d, col, np.zeros((len(col), p), dtype=int)) for c, col in
+            enumerate(out) if col]  # fmt: skip
