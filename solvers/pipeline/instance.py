@@ -26,17 +26,30 @@ from dcp_opt.pipeline.stages import (
 from dcp_opt.plan import Pipeline
 
 
-def balanced_stage_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
-    """Layers per stage, as even as they go; the extra layers on the first stages (the last
-    one also runs the head and the loss)."""
-    if not 1 <= num_stages <= num_layers:
-        raise DcpOptError(f"pp: must be in 1..num_layers={num_layers}, got {num_stages}")
-    q, r = divmod(num_layers, num_stages)
-    return tuple(q + (s < r) for s in range(num_stages))
+def balanced_stage_layers(model, num_stages: int) -> tuple[int, ...]:
+    """Layers per stage so that each stage's layers + its share of the embedding (stage 0)
+    and head (the last) in layer-equivalents of parameters are as even as they go: the
+    first and last stages hold fewer layers (as Megatron-LM's
+    decoder_first/last_pipeline_num_layers let users set), which evens both memory and,
+    on the last stage, the head's time; ties go to later stages, which hold fewer
+    micro-batches in flight under 1F1B. Each stage holds at least one layer."""
+    L = model.num_layers
+    if not 1 <= num_stages <= L:
+        raise DcpOptError(f"pp: must be in 1..num_layers={L}, got {num_stages}")
+    emb = float(model.vocab_size * model.hidden)
+    per_layer = max(model.total_params - 2 * emb, 1.0) / L
+    extra = [0.0] * num_stages
+    extra[0] += emb / per_layer
+    extra[-1] += emb / per_layer
+    layers = [1] * num_stages
+    for _ in range(L - num_stages):
+        s = min(range(num_stages), key=lambda s: (layers[s] + extra[s], -s))
+        layers[s] += 1
+    return tuple(layers)
 
 
 def make_pipeline(cost: CostModel, pp: int, schedule: str = "1f1b", virtual: int = 1):
-    return Pipeline(balanced_stage_layers(cost.model.num_layers, pp), schedule, virtual)
+    return Pipeline(balanced_stage_layers(cost.model, pp), schedule, virtual)
 
 
 @dataclass

@@ -71,19 +71,36 @@ def search(inst: Instance, degrees, cap: float, deadline: float):
             continue
         a, c0 = inst.additive(d), inst.per_micro_batch(d)
         ncol = lay.num_units // d
+        tokens = min(cap, window_tokens(inst, d))
         for m in COUNTS:
-            mbs = pack(inst, d, min(ncol * m * p, len(inst.ids)), cap)
+            mbs = pack(inst, d, min(ncol * m * p, len(inst.ids)), tokens)
             t = np.array([a[mb].sum() + c0 for mb in mbs])
             est = t.sum() / ncol / p + (p - 1) * t.max() / p
-            cands.append((est, d, m))
+            cands.append((est, d, m, tokens))
     best = None
-    for _, d, m in sorted(cands):
-        got = draft(inst, d, m * p, cap)
+    for _, d, m, tokens in sorted(cands):
+        got = draft(inst, d, m * p, tokens)
         if got is not None and (best is None or got[0] < best[0]):
             best = got
         if best is not None and time.perf_counter() > deadline:
             break
     return best
+
+
+def window_tokens(inst: Instance, d: int) -> float:
+    """Tokens per micro-batch with which p - s in-flight micro-batches, every layer
+    recomputed, fit stage s (the 1F1B window; a first guess, fit_recompute decides). A
+    longer sequence gets a micro-batch of its own (compose.pack)."""
+    lay = inst.layout
+    co, p, t = lay.cost.coeffs, lay.num_stages, lay.tensor_parallel
+    col = Column(d, 0, [[0]], np.zeros((1, p), dtype=int))
+    room = col.memory(inst)[2]
+    out = float("inf")
+    for s, n in enumerate(lay.pipeline.stage_layers):
+        per_token = (p - s) * n * co.ckpt_bytes_per_token_layer + co.act_bytes_per_token_layer
+        per_token += co.head_bytes_per_token if s == p - 1 else 0.0
+        out = min(out, room[s] * d * t / per_token)
+    return out
 
 
 def fits_alone(inst: Instance, d: int) -> bool:
