@@ -38,11 +38,18 @@ PLANNERS: dict[str, str] = {
     "megatron_hybrid_cp": "baselines.megatron_hybrid:plan_megatron_hybrid_cp",
     "pp_greedy": "pipeline.plan:plan_pp_greedy",
     "pp_cpsat": "pipeline.cpsat:plan_pp_cpsat",
+    "pp_fixed": "baselines.pipeline:plan_pp_fixed",
+    "pp_verl": "baselines.pipeline:plan_pp_verl",
+    "pp_wlb": "baselines.pipeline:plan_pp_wlb",
+    "pp_dynapipe": "baselines.pipeline:plan_pp_dynapipe",
 }
 
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")
 # Baselines of issue 16 (1D frameworks users pick instead; docs/baselines.md)
 FRAMEWORK_BASELINES = ("megatron_dynamic_cp", "verl_balanced")
+# Pipeline baselines of issue 30 (solvers/baselines/pipeline.py; Megatron's under PP is
+# priced by baselines/pipeline_megatron.py, its groups change per micro-step)
+PIPELINE_BASELINES = ("pp_fixed", "pp_verl", "pp_wlb", "pp_dynapipe")
 
 
 def available_planners() -> list[str]:

@@ -141,3 +141,27 @@ def test_stage_peaks_by_hand():
     peaks = stage_peaks(stored, work, schedule="1f1b", num_stages=2)
     # stage 0: F0 10+1, F1 30+1, B0 30+1, then 20 held, F2 50+1 -> 51; stage 1: 3 + 5 = 8
     assert peaks == [51.0, 8.0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances())
+def test_lockstep_with_one_fixed_group_is_the_column_makespan(inst):
+    from dcp_opt.pipeline.lockstep import lockstep_makespan
+
+    f, b, x, schedule, p, v = inst
+    m = len(f[0])
+    steps = [[(range(0, 2), [r[k] for r in f], [r[k] for r in b], [r[k] for r in x])]
+             for k in range(m)]  # fmt: skip
+    got = lockstep_makespan(steps, schedule=schedule, num_stages=p, virtual=v)
+    want = column_makespan(f, b, x, schedule=schedule, num_stages=p, virtual=v).makespan_s
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_lockstep_groups_wait_for_all_their_units_by_hand():
+    # p = 1, two micro-steps: step 0 groups {0} (f 1, b 2) and {1} (f 5, b 5); step 1 one
+    # group {0, 1} (f 1, b 1): its forward waits for unit 1, free at 10 -> ends 12.
+    from dcp_opt.pipeline.lockstep import lockstep_makespan
+
+    steps = [[(range(0, 1), [1.0], [2.0], []), (range(1, 2), [5.0], [5.0], [])],
+             [(range(0, 2), [1.0], [1.0], [])]]  # fmt: skip
+    assert lockstep_makespan(steps, schedule="1f1b", num_stages=1) == 12.0

@@ -71,21 +71,16 @@ def sequence_stage_times(layout: StageLayout, batch, degrees) -> tuple:
     return f, b, x
 
 
-def additive_stage_seconds(layout: StageLayout, batch, degrees) -> np.ndarray:
-    """(D, p, n) a_s(seq, d): the sequences' stage seconds less what a micro-batch pays
-    once (the per-micro-batch overhead, each layer's constant, the latencies): the same
-    formula at features F minus at zero features, where only those constants remain."""
-    cost = layout.cost
-    feats = cost.batch_features(batch)
-    zero = np.zeros((1, cost.num_features))
-    p, V = layout.num_stages, layout.num_virtual
-    rec = np.zeros((len(feats), p), dtype=int)
+def per_micro_batch_seconds(layout: StageLayout, degrees) -> np.ndarray:
+    """(D, V) what every micro-batch pays on each virtual stage whatever it holds: the
+    formula at zero features (the per-micro-batch overhead, each layer's constant, the
+    latencies)."""
+    zero = np.zeros((1, layout.cost.num_features))
+    rec = np.zeros((1, layout.num_stages), dtype=int)
     out = []
     for d in degrees:
-        f, b, _ = column_times(layout, feats, d, 0, "ulysses", rec)
-        f0, b0, _ = column_times(layout, zero, d, 0, "ulysses", rec[:1])
-        a = (f - f0) + (b - b0)  # (V, n)
-        out.append(np.maximum(a, 0.0).reshape(V // p, p, -1).sum(axis=0))
+        f0, b0, _ = column_times(layout, zero, d, 0, "ulysses", rec)
+        out.append((f0 + b0)[:, 0])
     return np.array(out)
 
 
@@ -99,7 +94,9 @@ def batch_lower_bound(layout: StageLayout, batch, degrees) -> float:
     pre_b = np.concatenate([np.zeros((D, 1, S)), np.cumsum(b[:, :-1] + x, axis=1)], axis=1)
     head = pre_f[:, :p].min(axis=(0, 2))  # (p,)
     tail = pre_b[:, :p].min(axis=(0, 2))
-    a = additive_stage_seconds(layout, batch, degrees)  # (D, p, S)
+    # a_s(seq, d): the sequences' stage seconds less what a micro-batch pays once, (D, p, S)
+    a = np.maximum(f + b - per_micro_batch_seconds(layout, degrees)[:, :, None], 0.0)
+    a = a.reshape(D, V // p, p, S).sum(axis=1)
     gpu_s = (np.array(degrees, dtype=float)[:, None, None] * a).min(axis=0).sum(axis=1)
     fill = float((head + gpu_s / n + tail).max())
     chain = (f + b).sum(axis=1) + 2 * x.sum(axis=1)  # (D, S)

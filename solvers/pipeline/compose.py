@@ -19,14 +19,19 @@ from .instance import Column, Instance
 
 def pack(inst: Instance, d: int, num_bins: int, max_tokens: float) -> list[list[int]]:
     a = inst.additive(d)
-    tok = inst.tokens
+    tok = inst.tokens.tolist()
+    least = min(tok)
     bins: list[list[int]] = [[] for _ in range(num_bins)]
     room = [float(max_tokens)] * num_bins
     heap = [(0.0, k) for k in range(num_bins)]
-    for i in np.argsort(-a, kind="stable").tolist():
+    order = np.argsort(-a, kind="stable").tolist()
+    al = a.tolist()
+    for i in order:
         skipped = []
         while heap and room[heap[0][1]] < tok[i]:
-            skipped.append(heapq.heappop(heap))
+            x = heapq.heappop(heap)
+            if room[x[1]] >= least:  # a bin no sequence fits any more is dropped
+                skipped.append(x)
         if heap:
             load, k = heapq.heappop(heap)
         else:  # no open micro-batch has room: open one
@@ -35,7 +40,8 @@ def pack(inst: Instance, d: int, num_bins: int, max_tokens: float) -> list[list[
             load, k = 0.0, len(bins) - 1
         bins[k].append(i)
         room[k] -= tok[i]
-        heapq.heappush(heap, (load + a[i], k))
+        if room[k] >= least:
+            heapq.heappush(heap, (load + al[i], k))
         for x in skipped:
             heapq.heappush(heap, x)
     return [b for b in bins if b]

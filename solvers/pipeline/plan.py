@@ -5,8 +5,9 @@ and each micro-batch count per column m in (p, 2p, 3p, 4p, 6p, 8p) (capped by th
 sequences), compose (compose.pack) and assign to columns (compose.columns), order each
 column by the best named order (order.best_named), fit per-stage recompute
 (recompute.fit_recompute), and score the slowest column's exact makespan. The best draft
-then gets local search on its slowest columns until the time budget, its recompute refit
-after each reorder. Every answer carries the batch's certified lower bound
+then gets local search on its slowest columns, its recompute refit after each reorder.
+`time_limit_s` covers it all: the search stops at 35 % of it (once a draft fits), local
+search at 60 %, leaving the rest to validate, simulate and bound. Every answer carries the batch's certified lower bound
 (dcp_opt/pipeline/bound.py) + the step's collectives, and its gap.
 """
 
@@ -74,7 +75,7 @@ def search(inst: Instance, degrees, cap: float, deadline: float):
         tokens = min(cap, window_tokens(inst, d))
         for m in COUNTS:
             mbs = pack(inst, d, min(ncol * m * p, len(inst.ids)), tokens)
-            t = np.array([a[mb].sum() + c0 for mb in mbs])
+            t = np.array([a[mb].sum() for mb in mbs]) + c0
             est = t.sum() / ncol / p + (p - 1) * t.max() / p
             cands.append((est, d, m, tokens))
     best = None
@@ -140,21 +141,21 @@ def to_groups(inst: Instance, cols: list) -> list[Group]:
 
 def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
                    virtual_stages: int = 1, tensor_parallel: int = 1,
-                   max_tokens: int | None = None, time_limit_s: float = 0.08,
+                   max_tokens: int | None = None, time_limit_s: float = 0.1,
                    seed: int = 0) -> PlanResult:  # fmt: skip
     started = time.perf_counter()
     layout = stage_layout(cost, make_pipeline(cost, pp, schedule, virtual_stages), tensor_parallel)
     inst = Instance(layout, batch)
     cap = float(max_tokens or max(131072, int(inst.tokens.max())))
     degrees = stage_cluster(layout).allowed_degrees
-    best = search(inst, degrees, cap, started + time_limit_s / 2)
+    best = search(inst, degrees, cap, started + 0.35 * time_limit_s)
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "
             f"stages' memory windows (p = {pp}, max_tokens {int(cap)}); more stages, tensor "
             "parallelism or a smaller max_tokens"
         )
-    cols = improve(inst, best[1], started + time_limit_s)
+    cols = improve(inst, best[1], started + 0.6 * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
 
