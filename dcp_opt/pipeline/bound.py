@@ -14,6 +14,16 @@ on virtual stages c'-1..0 still run: tail_s = min_k sum_{c<s} (b[c, k] + x[c, k]
 (2) is one micro-batch's chain. With stage-uniform costs and no transfers (1) is the
 textbook sum(t) + (p - 1)(min f + min b) and (2) is p max t.
 
+Under 1F1B (v = 1) a window adds to (1): on stage s, between the start of F(s, k) and the
+end of B(s, k) lie k's round trip R_s(k) = sum_{c>=s} (f[c, k] + b[c, k]) + 2 sum_{s<=c<V-1}
+x[c, k], and stage s runs only the forwards of the next w = p - s - 1 micro-batches and the
+backwards of the previous w in between (actions.one_f_one_b_actions: warm-up w, then one
+forward, one backward). So stage s idles there at least R_s(k) - (f + b)[s, k] - (the w
+largest other forwards + the w largest other backwards on s), whatever the order, and that
+idle time is inside [first pass, last pass]:
+
+    finish >= head_s + W_s + tail_s + max(0, max_k idle_s(k))                      (3)
+
 Batch bound (every plan of the batch: any composition, columns, degrees, order,
 recompute). On stage s, unit u's passes take W_s(u) in total, between its first pass
 (>= head_s) and its last (<= finish - tail_s), so finish >= head_s + max_u W_s(u) + tail_s
@@ -34,8 +44,9 @@ from ..errors import DcpOptError
 from .stages import StageLayout, column_times
 
 
-def column_lower_bound(f, b, x, *, num_stages: int) -> float:
-    """max of (1) and (2) above for one column: f, b (V, m); x (V - 1, m)."""
+def column_lower_bound(f, b, x, *, num_stages: int, schedule: str = "") -> float:
+    """max of (1) and (2) above for one column, (3) in place of (1) under "1f1b":
+    f, b (V, m); x (V - 1, m)."""
     f, b = np.asarray(f, dtype=float), np.asarray(b, dtype=float)
     V, m = f.shape
     if m == 0:
@@ -47,7 +58,32 @@ def column_lower_bound(f, b, x, *, num_stages: int) -> float:
     work = (f + b).reshape(V // p, p, m).sum(axis=(0, 2))  # per physical stage
     one = float(((f + b).sum(axis=0) + 2 * x.sum(axis=0)).max())
     fill = pre_f[:p].min(axis=1) + work + pre_b[:p].min(axis=1)
+    if schedule == "1f1b" and p == V:
+        fill = fill + np.array([window_idle(f, b, x, s) for s in range(p)])
     return max(float(fill.max()), one)
+
+
+def window_idle(f, b, x, s: int) -> float:
+    """(3)'s max(0, max_k idle_s(k)) on stage s of a 1F1B column (V = p)."""
+    V, m = f.shape
+    w = V - s - 1
+    trip = (f[s:] + b[s:]).sum(axis=0) + 2 * x[s:].sum(axis=0)
+    best = 0.0
+    top_f, top_b = np.sort(f[s])[::-1], np.sort(b[s])[::-1]
+    for k in range(m):
+        inside = _top_others(top_f, f[s, k], w) + _top_others(top_b, b[s, k], w)
+        best = max(best, trip[k] - f[s, k] - b[s, k] - inside)
+    return float(best)
+
+
+def _top_others(desc: np.ndarray, own: float, w: int) -> float:
+    """The w largest values of `desc` (sorted descending) once `own` is taken out."""
+    if w <= 0:
+        return 0.0
+    head = desc[: w + 1]
+    if own >= head[-1] and len(head) == w + 1:  # own is among the w + 1 largest: drop it
+        return float(head.sum() - own)
+    return float(desc[:w].sum())
 
 
 def sequence_stage_times(layout: StageLayout, batch, degrees) -> tuple:
