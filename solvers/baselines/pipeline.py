@@ -18,9 +18,7 @@ one then gets the fewest per-stage recompute that fits the stages' memory window
   run last. Its delay of outliers to later steps is not expressible on one batch.
 - pp_dynapipe: DynaPipe (Jiang et al., EuroSys'24, sec. 4-5): sequences sorted by length,
   cut into consecutive micro-batches minimising its pipeline estimate sum(t) / C + (p - 1)
-  max(t) over C columns (its DP over cut points, here by scanning caps on max(t) of 1 to 64
-  x the longest sequence's time: for a cap, greedy cuts make the fewest micro-batches, and
-  sum(t) grows only by the per-micro-batch constant), LPT over columns, then its order search: the best of the named orders by
+  max(t) over C columns (compose.consecutive), LPT over columns, then its order search: the best of the named orders by
   the exact makespan (DynaPipe scores candidate orders with its simulator).
 """
 
@@ -30,6 +28,7 @@ import time
 
 import numpy as np
 from dcp_opt.solvers.pipeline.compose import columns as lpt_columns
+from dcp_opt.solvers.pipeline.compose import consecutive
 from dcp_opt.solvers.pipeline.instance import Column, Instance, make_pipeline
 from dcp_opt.solvers.pipeline.order import apply_order, best_named, small_at_both_ends
 from dcp_opt.solvers.pipeline.plan import finish_pipeline
@@ -97,26 +96,7 @@ def _wlb(inst: Instance, d: int, cap: float) -> list[Column]:
 
 
 def _dynapipe(inst: Instance, d: int, cap: float) -> list[Column]:
-    p, n = inst.layout.num_stages, inst.layout.num_units // d
-    a, c0, tok = inst.additive(d), inst.per_micro_batch(d), inst.tokens
-    idx = np.argsort(tok, kind="stable").tolist()
-    best, best_v = None, float("inf")
-    top = float(a.max())
-    for limit in [top * x for x in (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)]:
-        mbs, cur, t, room = [], [], 0.0, cap
-        for i in idx:
-            if cur and (t + a[i] > limit or tok[i] > room):
-                mbs.append(cur)
-                cur, t, room = [], 0.0, cap
-            cur.append(i)
-            t += a[i]
-            room -= tok[i]
-        mbs.append(cur)
-        times = [a[mb].sum() + c0 for mb in mbs]
-        v = sum(times) / n + (p - 1) * max(times)
-        if v < best_v:
-            best, best_v = mbs, v
-    cols = lpt_columns(inst, d, best)
+    cols = lpt_columns(inst, d, consecutive(inst, d, cap))
     return [apply_order(c, best_named(c, inst, c.times(inst))[0]) for c in cols]
 
 

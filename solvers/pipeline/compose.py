@@ -61,3 +61,34 @@ def columns(inst: Instance, d: int, mbs: list[list[int]], *, equal_counts: bool 
     p = inst.layout.num_stages
     return [Column(d, c * d, col, np.zeros((len(col), p), dtype=int)) for c, col in
             enumerate(out) if col]  # fmt: skip
+
+
+def consecutive(inst: Instance, d: int, max_tokens: float) -> list[list[int]]:
+    """DynaPipe's composition (Jiang et al., EuroSys'24, sec. 4): the sequences sorted by
+    length, cut into consecutive micro-batches minimising sum(t) / C + (p - 1) max(t) over
+    the C columns of degree d, by scanning 8 caps on max(t) of 1 to 64 x the longest
+    sequence's time (for a cap, greedy cuts make the fewest micro-batches, and sum(t) grows
+    only by the per-micro-batch constant)."""
+    lay = inst.layout
+    p, n = lay.num_stages, lay.num_units // d
+    a, c0 = inst.additive(d).tolist(), inst.per_micro_batch(d)
+    tok = inst.tokens.tolist()
+    idx = np.argsort(inst.tokens, kind="stable").tolist()
+    best, best_v = None, float("inf")
+    top = max(a)
+    for limit in [top * x for x in (1, 1.5, 2, 3, 4, 8, 16, 64)]:
+        mbs, cur, t, room, times = [], [], 0.0, max_tokens, []
+        for i in idx:
+            if cur and (t + a[i] > limit or tok[i] > room):
+                mbs.append(cur)
+                times.append(t + c0)
+                cur, t, room = [], 0.0, max_tokens
+            cur.append(i)
+            t += a[i]
+            room -= tok[i]
+        mbs.append(cur)
+        times.append(t + c0)
+        v = sum(times) / n + (p - 1) * max(times)
+        if v < best_v:
+            best, best_v = mbs, v
+    return best

@@ -1,8 +1,9 @@
 """pp_greedy: a pipeline plan in milliseconds (issue 30).
 
 Search: for each degree d a stage's units allow (columns of d units, equal on every stage)
-and each micro-batch count per column m in (p, 2p, 3p, 4p, 6p, 8p) (capped by the
-sequences), compose (compose.pack) and assign to columns (compose.columns), order each
+the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's shape) and
+each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the sequences),
+compose (compose.pack) and assign to columns (compose.columns), order each
 column by the best named order (order.best_named), fit per-stage recompute
 (recompute.fit_recompute), and score the slowest column's exact makespan. The best draft
 then gets local search on its slowest columns, its recompute refit after each reorder.
@@ -29,19 +30,23 @@ from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
 from dcp_opt.validate import InvalidPlanError, validate
 
-from .compose import columns, pack
+from .compose import columns, consecutive, pack
 from .instance import Column, Instance, make_pipeline
 from .order import apply_order, best_named, local_search
 from .recompute import fit_recompute
 
-COUNTS = (1, 2, 3, 4, 6, 8)  # micro-batches per column, in multiples of p
+COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
 
 
 def draft(inst: Instance, d: int, m: int, max_tokens: float):
-    """(slowest makespan, columns) of one (degree, count) choice, or None if it does not fit."""
+    """(slowest makespan, columns) of one (degree, count) choice, or None if it does not fit.
+    m = 0: the consecutive cuts of the length-sorted batch (compose.consecutive)."""
     lay = inst.layout
     ncol = lay.num_units // d
-    mbs = pack(inst, d, min(ncol * m, len(inst.ids)), max_tokens)
+    if m:
+        mbs = pack(inst, d, min(ncol * m, len(inst.ids)), max_tokens)
+    else:
+        mbs = consecutive(inst, d, max_tokens)
     interleaved = lay.pipeline.schedule == "interleaved"
     if interleaved and len(mbs) % (ncol * lay.num_stages):
         return None
@@ -78,9 +83,11 @@ def search(inst: Instance, degrees, cap: float, deadline: float):
             t = np.array([a[mb].sum() for mb in mbs]) + c0
             est = t.sum() / ncol / p + (p - 1) * t.max() / p
             cands.append((est, d, m, tokens))
+        t = np.array([a[mb].sum() for mb in consecutive(inst, d, tokens)]) + c0
+        cands.append((t.sum() / ncol / p + (p - 1) * t.max() / p, d, 0, tokens))
     best = None
     for _, d, m, tokens in sorted(cands):
-        got = draft(inst, d, m * p, tokens)
+        got = draft(inst, d, m * p, tokens)  # m = 0: consecutive cuts
         if got is not None and (best is None or got[0] < best[0]):
             best = got
         if best is not None and time.perf_counter() > deadline:
