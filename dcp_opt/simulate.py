@@ -63,6 +63,8 @@ class SimResult:
     # GPU-seconds of the empty micro-steps per-layer zero3 adds (every unit of a shard
     # domain runs its domain's largest micro-step count in each phase: cost/zero3.py)
     padding_s: float = 0.0
+    # With a pipeline (dcp_opt/pipeline/check.py): its columns, per-stage busy and peak
+    pipeline: object = None
 
     @property
     def num_ranks(self) -> int:
@@ -101,6 +103,8 @@ def simulate(plan: Plan, batch: Batch, cost: CostModel, *, events: bool = True) 
     (`events` is then empty; every total is the same): planners need only the totals.
     Per-rank clocks are Python lists: a group touches at most a few dozen ranks, where a
     list slice beats a numpy call."""
+    if plan.pipeline is not None:
+        return _simulate_pipeline(plan, batch, cost)
     cluster = cost.cluster
     n = cluster.num_gpus
     ready = [0.0] * n
@@ -167,6 +171,31 @@ def _pad(groups, cost: CostModel, ready: list, busy: list) -> float:
             ready[r] += k * e
             busy[r] += k * e
     return sum(pads) * e
+
+
+def _simulate_pipeline(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
+    """The step of a plan with a pipeline: the last column's flush + the step's collectives
+    (dcp_opt/pipeline/check.py). Per-rank arrays are per GPU, stage-major (the rank map);
+    the timeline is per column (`pipeline.columns`), not per micro-batch event."""
+    from .pipeline.check import simulate_pipeline
+    from .pipeline.stages import stage_layout
+
+    layout = stage_layout(cost, plan.pipeline, plan.tensor_parallel)
+    sim = simulate_pipeline(plan, batch, layout)
+    t = plan.tensor_parallel
+    busy = np.repeat(sim.busy_s.ravel(), t)
+    return SimResult(
+        sim.finish_s + sim.grad_sync_s,
+        sim.finish_s,
+        sim.grad_sync_s,
+        busy,
+        sim.finish_s - busy,
+        np.repeat(sim.peak_bytes.ravel(), t),
+        (),
+        0.0,
+        0.0,
+        pipeline=sim,
+    )
 
 
 def _events(p: int, g, starts: list, c, r, m, mem) -> list[Event]:

@@ -32,6 +32,7 @@ CODES = {
     "OUT_OF_MEMORY": "a micro-batch needs more memory than a member of its group has",
     "FINGERPRINT_MISMATCH": "the plan was made for another batch, cluster, model or cost model",
     "BAD_NORMALIZER": "the loss normaliser does not match the batch",
+    "BAD_PIPELINE": "the pipeline does not fit the model or cluster, or its schedule the counts",
 }
 
 
@@ -56,9 +57,12 @@ def validate(
     plan: Plan, batch: Batch, cost: CostModel, *, check_fingerprint: bool = True
 ) -> list[Violation]:
     out: list[Violation] = []
-    out += _check_structure(plan, cost)
-    out += _check_coverage(plan, batch)
-    out += _check_micro_batches(plan, batch, cost)
+    if plan.pipeline is not None:  # each stage's layout, then per-stage memory over time
+        out += _check_pipeline(plan, batch, cost)
+    else:
+        out += _check_structure(plan, cost)
+        out += _check_coverage(plan, batch)
+        out += _check_micro_batches(plan, batch, cost)
     if check_fingerprint:
         out += _check_fingerprint(plan, batch, cost)
     return out
@@ -69,6 +73,21 @@ def ensure_valid(plan: Plan, batch: Batch, cost: CostModel, **kw) -> Plan:
     if v:
         raise InvalidPlanError(v)
     return plan
+
+
+def _check_pipeline(plan: Plan, batch: Batch, cost: CostModel) -> list[Violation]:
+    """A plan with a pipeline (dcp_opt/pipeline/check.py): its layout on one stage's units,
+    coverage, then per micro-batch its per-stage recompute and per column and stage the
+    memory of the in-flight micro-batches over time."""
+    from .pipeline.check import pipeline_violations
+    from .pipeline.stages import layout_cost, stage_layout
+
+    try:
+        layout = stage_layout(cost, plan.pipeline, plan.tensor_parallel)
+    except DcpOptError as e:
+        return [Violation("BAD_PIPELINE", str(e))]
+    out = _check_structure(plan, layout_cost(layout)) + _check_coverage(plan, batch)
+    return out + [Violation(c, m) for c, m in pipeline_violations(plan, batch, layout)]
 
 
 def _check_structure(plan: Plan, cost: CostModel) -> list[Violation]:

@@ -38,9 +38,24 @@ PLANNERS: dict[str, str] = {
     "megatron_hybrid_cp": "baselines.megatron_hybrid:plan_megatron_hybrid_cp",
 }
 
+# Pipeline planners (issue 30): they take `pp` and plan a pipeline's columns (schema 3), so
+# they sit apart from PLANNERS, whose every member plans any batch on any cluster as is
+# (the property tests run each on random instances); get_planner and run_planner reach both.
+PIPELINE_PLANNERS: dict[str, str] = {
+    "pp_greedy": "pipeline.plan:plan_pp_greedy",
+    "pp_cpsat": "pipeline.cpsat:plan_pp_cpsat",
+    "pp_fixed": "baselines.pipeline:plan_pp_fixed",
+    "pp_verl": "baselines.pipeline:plan_pp_verl",
+    "pp_wlb": "baselines.pipeline:plan_pp_wlb",
+    "pp_dynapipe": "baselines.pipeline:plan_pp_dynapipe",
+}
+
 BASELINES = ("bucket", "static_tuned", "packed", "dcp_intra", "dcp_inter", "dcp_inter_pac")
 # Baselines of issue 16 (1D frameworks users pick instead; docs/baselines.md)
 FRAMEWORK_BASELINES = ("megatron_dynamic_cp", "verl_balanced")
+# Pipeline baselines of issue 30 (solvers/baselines/pipeline.py; Megatron's under PP is
+# priced by baselines/pipeline_megatron.py, its groups change per micro-step)
+PIPELINE_BASELINES = ("pp_fixed", "pp_verl", "pp_wlb", "pp_dynapipe")
 
 
 def available_planners() -> list[str]:
@@ -75,9 +90,10 @@ def _checked(name: str, fn: Callable) -> Callable:
 
 
 def _import_planner(name: str) -> Callable:
-    if name not in PLANNERS:
-        raise DcpOptError(f"planner: {name!r} not allowed; allowed: {list(PLANNERS)}")
-    mod, fn = PLANNERS[name].split(":")
+    every = PLANNERS | PIPELINE_PLANNERS
+    if name not in every:
+        raise DcpOptError(f"planner: {name!r} not allowed; allowed: {list(every)}")
+    mod, fn = every[name].split(":")
     try:
         module = importlib.import_module(f"dcp_opt.solvers.{mod}")
     except ModuleNotFoundError as e:

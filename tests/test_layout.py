@@ -181,4 +181,4 @@ def test_solvers_is_a_registry_with_sub_packages():
     top = sorted(p.name for p in (ROOT / "solvers").glob("*.py"))
     assert len(top) <= 8, f"solvers/ has {len(top)} modules at its top level: {top}"
     subs = sorted(p.parent.name for p in (ROOT / "solvers").glob("*/__init__.py"))
-    assert subs == ["baselines", "bounds", "cpsat", "greedy", "stream"]
+    assert subs == ["baselines", "bounds", "cpsat", "greedy", "pipeline", "stream"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dcp_opt import Batch, Group, MicroBatch, Plan, make_plan, validate
-from dcp_opt.plan import Phase
+from dcp_opt.plan import Phase, Pipeline
 from dcp_opt.validate import CODES, InvalidPlanError, ensure_valid
 from tests.toy import toy_cost
 
@@ -217,6 +217,10 @@ CASES = {
     "BAD_NORMALIZER": (
         WHOLE, {"loss_normalizer": 3.0},
         ["BAD_NORMALIZER: tokens normaliser 3.0 does not match the batch"],
+    ),
+    "BAD_PIPELINE": (  # a pipeline whose stages do not hold the model's 2 layers
+        WHOLE, {"pipeline": Pipeline((3,))},
+        ["BAD_PIPELINE: pipeline.stage_layers: must sum to the model's 2 layers, got [3]"],
     ),
 }  # fmt: skip
 

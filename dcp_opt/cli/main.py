@@ -45,6 +45,7 @@ from .args import add_sp_kinds, sp_kinds, split
 from .bench import add_bench_parser
 from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
 from .layout import add_layout_args, auto_shard_domain, layout_fields, whatif_layouts
+from .pipeline import add_pp_arguments, pipeline_planner
 from .profile import add_profile_parser
 
 PROG = "dcp-opt"
@@ -174,6 +175,7 @@ def _add_plan(sub) -> None:
     p.add_argument("--json", metavar="SUMMARY_JSON", help="write the summary here")
     p.add_argument("--time-limit", type=float, default=None, metavar="S", help="solver budget")
     p.add_argument("--workers", type=types.workers, default=None, help="solver worker threads")
+    add_pp_arguments(p)
     p.set_defaults(func=cmd_plan)
 
 
@@ -181,14 +183,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from dcp_opt.solvers import get_planner
 
     batch, cost = _inputs(args)
-    cost.check_fits(batch)  # names the sequence, its need and the capacity
-    fn = get_planner(args.planner)
+    planner, pp_options = pipeline_planner(args)  # --pp: the pipeline planner, its options
+    if not pp_options:  # a pipeline holds 1/p of the states: its planner checks its stages
+        cost.check_fits(batch)  # names the sequence, its need and the capacity
+    fn = get_planner(planner)
     kwargs, ignored = planner_kwargs(
         fn, time_limit_s=args.time_limit, seed=args.seed, num_workers=args.workers
     )
     for name in ignored:
-        note(f"note: planner {args.planner!r} takes no {name}; ignored")
-    res = fn(batch, cost, **kwargs)
+        note(f"note: planner {planner!r} takes no {name}; ignored")
+    res = fn(batch, cost, **kwargs, **pp_options)
     if not res.ok:
         note(f"planner {args.planner!r} found no plan: {res.status}: {res.message}")
         return EXIT_FAILED

@@ -12,14 +12,22 @@ walks and the runtime obeys by blocking on its receives.
 - "1f1b" (PipeDream-Flush, Narayanan et al. 2021, sec. 2.2; Megatron-LM
   schedules.forward_backward_pipelining_without_interleaving): stage s runs
   min(p - s - 1, m) warm-up forwards, then alternates one forward and one backward, then
-  drains the remaining backwards; at most p - s micro-batches are in flight on stage s.
+  drains the remaining backwards; at most p - s micro-batches are in flight on stage s;
+- "interleaved" (Narayanan et al. 2021, sec. 2.2.1; Megatron-LM
+  schedules.forward_backward_pipelining_with_interleaving): stage s holds v model chunks,
+  chunk j being virtual stage j * p + s. Forwards go in rounds of p micro-batches per chunk:
+  the i-th forward is micro-batch (i // (p v)) p + i % p of chunk (i // p) % v, the i-th
+  backward the same micro-batch of chunk v - 1 - (i // p) % v. Warm-up: every forward when
+  m = p, else min(2 (p - s - 1) + (v - 1) p, m v); then one forward and one backward
+  alternate, then the remaining backwards drain. As Megatron (before its
+  microbatch_group_size_per_vp_stage), m must be a multiple of p.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DcpOptError
+from ..errors import DcpOptError
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,51 @@ def one_f_one_b_actions(num_stages: int, num_micro_batches: int, stage: int) -> 
     return tuple(out)
 
 
-SCHEDULES = {"gpipe": gpipe_actions, "1f1b": one_f_one_b_actions}
+def interleaved_actions(
+    num_stages: int, num_micro_batches: int, stage: int, virtual_stages: int = 2
+) -> tuple[Action, ...]:
+    _check(num_stages, num_micro_batches, stage)
+    p, m, v = num_stages, num_micro_batches, virtual_stages
+    if v < 1:
+        raise DcpOptError(f"virtual_stages: must be >= 1, got {v}")
+    if m % p:
+        raise DcpOptError(
+            f"num_micro_batches: the interleaved schedule needs a multiple of num_stages={p}, "
+            f"got {m}"
+        )
+    total = m * v
+
+    def at(i: int, kind: str) -> Action:
+        j = (i // p) % v
+        return Action(kind, (i // (p * v)) * p + i % p, j if kind == "F" else v - 1 - j)
+
+    warmup = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
+    out = [at(i, "F") for i in range(warmup)]
+    for i in range(total - warmup):
+        out += [at(warmup + i, "F"), at(i, "B")]
+    out += [at(i, "B") for i in range(total - warmup, total)]
+    return tuple(out)
+
+
+SCHEDULES = {"gpipe": gpipe_actions, "1f1b": one_f_one_b_actions, "interleaved": None}
 
 
 def stage_actions(
-    schedule: str, num_stages: int, num_micro_batches: int, stage: int
+    schedule: str,
+    num_stages: int,
+    num_micro_batches: int,
+    stage: int,
+    *,
+    virtual_stages: int = 1,
 ) -> tuple[Action, ...]:
-    """The actions stage `stage` runs, in order, for `num_micro_batches` micro-batches."""
+    """The actions stage `stage` runs, in order, for `num_micro_batches` micro-batches
+    (`virtual_stages`: model chunks per stage, interleaved only)."""
     if schedule not in SCHEDULES:
         raise DcpOptError(f"schedule: {schedule!r} not allowed; allowed: {list(SCHEDULES)}")
+    if schedule == "interleaved":
+        return interleaved_actions(num_stages, num_micro_batches, stage, virtual_stages)
+    if virtual_stages != 1:
+        raise DcpOptError(
+            f"virtual_stages: {virtual_stages} needs schedule 'interleaved', got {schedule!r}"
+        )
     return SCHEDULES[schedule](num_stages, num_micro_batches, stage)

@@ -1,0 +1,171 @@
+"""What validate() and simulate() ask of a plan with a pipeline (docs/plan-format.md, the 4-D
+layout): every stage runs the plan's phases and groups on its own units, so each group is a
+column of p stages through which its micro-batches flow in the group's order.
+
+Step (DESIGN.md, "Four dimensions"): a column starts a phase when its units are free (as a
+group without a pipeline), runs its pipeline to the flush (makespan.column_makespan), and
+the step ends at the last column's flush + the step's collectives: per stage a ring
+all-reduce of its parameters' gradients over its data-parallel replicas (2 (n-1)/n x bytes
+/ bandwidth, Thakur et al. 2005; `grad_reduce_bytes_per_param` per parameter, / t), all
+stages at once so the slowest counts, + the closing micro-step and `step_overhead_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..batch import Batch
+from ..plan import Plan
+from .makespan import column_makespan, stage_peaks
+from .stages import (
+    PIPELINE_KINDS,
+    StageLayout,
+    column_memory,
+    column_times,
+    stage_capacity,
+    stage_fixed_bytes,
+    stage_params,
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One group's pipeline in one phase."""
+
+    phase: int
+    start_unit: int
+    degree: int
+    start_s: float
+    makespan_s: float
+    busy_s: tuple[float, ...]  # per stage
+    peak_bytes: tuple[float, ...]  # per stage: states + reserve + activations at peak
+
+
+@dataclass(frozen=True)
+class PipelineSim:
+    finish_s: float
+    grad_sync_s: float
+    columns: tuple[Column, ...]
+    busy_s: np.ndarray  # (p, num_units)
+    peak_bytes: np.ndarray  # (p, num_units)
+
+
+def column_features(layout: StageLayout, batch: Batch, group):
+    """(feats (m, F), tokens (m,), rec (m, p)) of a group's micro-batches (ids known)."""
+    cost = layout.cost
+    feats, row = cost.batch_features(batch), cost.batch_rows(batch)
+    f = np.array(
+        [feats[[row[s] for s in mb.sequence_ids]].sum(axis=0) for mb in group.micro_batches]
+    )
+    rec = np.array([_stage_rec(mb, layout) for mb in group.micro_batches], dtype=int)
+    return f.reshape(-1, cost.num_features), f.reshape(-1, cost.num_features)[:, -2], rec
+
+
+def _stage_rec(mb, layout: StageLayout) -> tuple[int, ...]:
+    p = layout.num_stages
+    return mb.stage_recompute if len(mb.stage_recompute) == p else (0,) * p
+
+
+def column(layout: StageLayout, batch: Batch, group, *, phase: int = 0, start_s: float = 0.0):
+    """Price one group's pipeline: its makespan and per-stage memory peaks."""
+    pipe = layout.pipeline
+    feats, tokens, rec = column_features(layout, batch, group)
+    f, b, x = column_times(layout, feats, group.degree, group.start_rank, group.kind, rec)
+    kw = {"schedule": pipe.schedule, "num_stages": pipe.num_stages, "virtual": pipe.virtual_stages}
+    sched = column_makespan(f, b, x, **kw)
+    stored, work = column_memory(layout, tokens, group.degree, rec)
+    peaks = np.array(stage_peaks(stored, work, **kw)) + stage_fixed_bytes(layout)
+    return Column(phase, group.start_rank, group.degree, start_s, sched.makespan_s, sched.busy_s,
+                  tuple(peaks.tolist()))  # fmt: skip
+
+
+def stage_sync_s(layout: StageLayout) -> float:
+    """The step's collectives under a pipeline (the module docstring), the slowest stage."""
+    cost, cl = layout.cost, layout.cost.cluster
+    n, t = layout.num_units, layout.tensor_parallel
+    extra = cost.step_overhead_s + cost.closing_step_time()
+    if n == 1:
+        return extra
+    bw = cl.inter_node_bw if n * t > cl.gpus_per_node else cl.intra_node_bw
+    volume = stage_params(layout).max() / t * cost.grad_reduce_bytes_per_param
+    return 2 * (n - 1) / n * volume / bw + extra
+
+
+def simulate_pipeline(plan: Plan, batch: Batch, layout: StageLayout) -> PipelineSim:
+    p, n = layout.num_stages, layout.num_units
+    ready = [0.0] * n
+    busy = np.zeros((p, n))
+    peak = np.tile(stage_fixed_bytes(layout)[:, None], (1, n))
+    cols = []
+    for ph, phase in enumerate(plan.phases):
+        for g in phase.groups:
+            if not g.micro_batches:
+                continue
+            s, d = g.start_rank, g.degree
+            c = column(layout, batch, g, phase=ph, start_s=max(ready[s : s + d]))
+            cols.append(c)
+            ready[s : s + d] = [c.start_s + c.makespan_s] * d
+            busy[:, s : s + d] += np.array(c.busy_s)[:, None]
+            peak[:, s : s + d] = np.maximum(peak[:, s : s + d], np.array(c.peak_bytes)[:, None])
+    return PipelineSim(max(ready) if n else 0.0, stage_sync_s(layout), tuple(cols), busy, peak)
+
+
+def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[tuple[str, str]]:
+    """(code, message) of every micro-batch whose per-stage recompute is malformed, every
+    group of a kind no pipeline prices, every interleaved count that is not a multiple of
+    p, and every (column, stage) whose activations at peak exceed its memory."""
+    out: list[tuple[str, str]] = []
+    pipe, p = layout.pipeline, layout.num_stages
+    known = batch.by_id
+    for ph, phase in enumerate(plan.phases):
+        for g in phase.groups:
+            where = f"phase {ph} group@{g.start_rank}x{g.degree}"
+            mbs = g.micro_batches
+            if not mbs:
+                continue
+            bad = [_recompute_problem(mb, pipe.stage_layers) for mb in mbs]
+            out += [
+                ("BAD_RECOMPUTE", f"{where} micro-batch {k}: {e}") for k, e in enumerate(bad) if e
+            ]
+            if g.kind not in PIPELINE_KINDS:
+                out.append(("BAD_KIND", f"{where}: kind {g.kind!r}; allowed in a pipeline "
+                            f"{list(PIPELINE_KINDS)}"))  # fmt: skip
+                continue
+            if pipe.schedule == "interleaved" and len(mbs) % p:
+                out.append(("BAD_PIPELINE", f"{where}: {len(mbs)} micro-batches; the "
+                            f"interleaved schedule needs a multiple of {p}"))  # fmt: skip
+                continue
+            if (
+                any(bad)
+                or any(not mb.sequence_ids for mb in mbs)
+                or any(s not in known for mb in mbs for s in mb.sequence_ids)
+                or g.start_rank < 0
+                or g.start_rank + g.degree > layout.num_units
+            ):
+                continue  # reported by the structure and coverage checks
+            out += _memory(layout, batch, g, where)
+    return out
+
+
+def _recompute_problem(mb, stage_layers) -> str:
+    r = mb.stage_recompute
+    if len(r) != len(stage_layers):
+        return f"stage_recompute {list(r)} needs one entry per stage ({len(stage_layers)})"
+    if any(not 0 <= x <= n for x, n in zip(r, stage_layers, strict=True)):
+        return f"stage_recompute {list(r)} not within [0, stage_layers {list(stage_layers)}]"
+    if sum(r) != mb.recompute_layers:
+        return f"recompute_layers {mb.recompute_layers} is not the sum of {list(r)}"
+    return ""
+
+
+def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str, str]]:
+    c = column(layout, batch, g)
+    out = []
+    for s, need in enumerate(c.peak_bytes):
+        cap = stage_capacity(layout, s, g.start_rank, g.degree)
+        if need > cap * (1 + 1e-9):
+            out.append(("OUT_OF_MEMORY", f"{where} stage {s}: in-flight micro-batches need "
+                        f"{need / 1e9:.2f} GB per GPU at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
+    return out

@@ -1,0 +1,62 @@
+"""The makespan of micro-steps whose groups change from one micro-step to the next, as
+Megatron-LM dev's dynamic CP runs them under pipeline parallelism: micro-step k is a set
+of disjoint groups of a stage's units, the same on every stage; every unit of every stage
+follows the schedule's order over the micro-steps (actions.stage_actions); a group's pass
+on stage s starts when all its units there are free and its own input has arrived
+(the previous virtual stage's pass of the same group and micro-step + its P2P, as
+makespan.py). A plan of schema 3 keeps a column's group across its micro-batches, so this
+shape is priced here, not by simulate(); with one group per micro-step spanning the same
+units it is makespan.column_makespan.
+"""
+
+from __future__ import annotations
+
+from .makespan import column_actions
+
+
+def lockstep_makespan(steps, *, schedule: str, num_stages: int, virtual: int = 1) -> float:
+    """steps[k]: list of (units (a range), f (V,), b (V,), x (V - 1,)) of micro-step k's
+    groups (at least one each). Returns the finish of the last pass."""
+    p, m = num_stages, len(steps)
+    if m == 0:
+        return 0.0
+    V = len(steps[0][0][1])
+    acts = column_actions(schedule, p, m, virtual)
+    free = [{} for _ in range(p)]  # per stage: unit -> free time
+    end: dict = {}  # (kind, c, k, g) -> end time
+    ptr, left = [0] * p, sum(len(a) for a in acts)
+    while left:
+        moved = False
+        for s in range(p):
+            while ptr[s] < len(acts[s]):
+                a = acts[s][ptr[s]]
+                c, k = a.chunk * p + s, a.micro_batch
+                if not _inputs_done(a.kind, c, k, V, end):
+                    break
+                for g, (units, f, b, x) in enumerate(steps[k]):
+                    ready = _ready(a.kind, c, k, g, V, end, x)
+                    start = max([ready] + [free[s].get(u, 0.0) for u in units])
+                    e = start + (f[c] if a.kind == "F" else b[c])
+                    end[(a.kind, c, k, g)] = e
+                    for u in units:
+                        free[s][u] = e
+                ptr[s] += 1
+                left -= 1
+                moved = True
+        assert moved, "lockstep_makespan: the schedule's order deadlocked"
+    return max(e for e in end.values())
+
+
+def _inputs_done(kind, c, k, V, end) -> bool:
+    """Group 0's input stands for all: a micro-step's groups run in one action."""
+    if kind == "F":
+        return c == 0 or (kind, c - 1, k, 0) in end
+    return (("F", c, k, 0) if c == V - 1 else ("B", c + 1, k, 0)) in end
+
+
+def _ready(kind, c, k, g, V, end, x) -> float:
+    if kind == "F":
+        return 0.0 if c == 0 else end[("F", c - 1, k, g)] + x[c - 1]
+    if c == V - 1:
+        return end[("F", c, k, g)]
+    return end[("B", c + 1, k, g)] + x[c]

@@ -1,0 +1,58 @@
+"""The pipeline baselines (solvers/baselines/pipeline*.py) give valid plans at or above the
+certified bound; Megatron's lockstep pricing too; `dcp-opt plan --pp` round-trips through
+`dcp-opt simulate`."""
+
+import json
+
+import pytest
+from dcp_opt.solvers import PIPELINE_BASELINES, run_planner
+from dcp_opt.solvers.baselines.pipeline_megatron import megatron_pipeline_step
+
+from dcp_opt import CostModel, Plan, cluster_preset, model_preset, simulate, validate
+from dcp_opt.cli import main
+from dcp_opt.workloads import standard_batch
+
+COST = CostModel(model_preset("llama-7b"), cluster_preset("h200x32"))
+BATCH = standard_batch("1d-wlbllm", 0, num_gpus=32, tokens_per_gpu=8192)
+
+
+@pytest.mark.parametrize("name", PIPELINE_BASELINES)
+def test_each_pipeline_baseline_plans_validly_above_the_bound(name):
+    r = run_planner(name, BATCH, COST, pp=4)
+    assert validate(r.plan, BATCH, COST) == []
+    assert r.plan.planner == name
+    assert r.lower_bound_s <= r.predicted_step_time_s
+    assert r.predicted_step_time_s == pytest.approx(simulate(r.plan, BATCH, COST).step_time_s)
+
+
+def test_megatron_under_pp_is_priced_above_the_bound():
+    g = run_planner("pp_greedy", BATCH, COST, pp=4)
+    mg = megatron_pipeline_step(BATCH, COST, pp=4)
+    assert mg["num_micro_steps"] >= 1
+    assert mg["step_time_s"] >= g.lower_bound_s
+
+
+def test_interleaved_baselines_keep_counts_a_multiple_of_p():
+    r = run_planner("pp_greedy", BATCH, COST, pp=4, schedule="interleaved", virtual_stages=2)
+    assert validate(r.plan, BATCH, COST) == []
+    assert all(len(g.micro_batches) % 4 == 0 for g in r.plan.phases[0].groups if g.micro_batches)
+
+
+def test_cli_plan_pp_then_simulate(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    common = ["--workload", "1d-wlbllm", "--cluster", "h200x32", "--model", "llama-7b",
+              "--tokens-per-gpu", "8192"]  # fmt: skip
+    assert main(["plan", *common, "--pp", "4", "--out", str(out)]) == 0
+    plan = Plan.from_json(out.read_text())
+    assert json.loads(out.read_text())["schema_version"] == 3
+    assert plan.pipeline.num_stages == 4 and plan.planner == "pp_greedy"
+    capsys.readouterr()
+    assert main(["simulate", str(out), *common]) == 0
+    assert "step time" in capsys.readouterr().out
+
+
+def test_cli_pp_refuses_a_planner_without_a_pipeline_form(capsys):
+    rc = main(["plan", "--workload", "1d-short", "--cluster", "h200x32", "--model", "llama-7b",
+               "--pp", "2", "--planner", "bucket"])  # fmt: skip
+    assert rc != 0
+    assert "plans no pipeline" in capsys.readouterr().err
