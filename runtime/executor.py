@@ -22,6 +22,7 @@ from dcp_opt.plan import Plan
 
 from .groups import GroupPool
 from .parallelize import SPState
+from .pipeline import execute_pipeline_step
 from .plan_check import check_plan_once
 from .sp import SPGroup
 
@@ -192,9 +193,17 @@ def execute_step(
     Before any collective, on every rank alike, the plan is checked without a cost model
     (runtime/plan_check.py: ranks, coverage, normaliser, recompute; once per plan) and
     refused with `dcp_opt.InvalidPlanError` naming each violation; then every rank's plan
-    hash is compared (`check_plan`, one all-gather)."""
+    hash is compared (`check_plan`, one all-gather).
+
+    A plan with a pipeline runs through runtime/pipeline (`model` is then this rank's
+    `build_stage(...)`, the report a `PipelineStepReport`)."""
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
+    if plan.pipeline is not None:  # stages and P2P transfers: runtime/pipeline/executor.py
+        return execute_pipeline_step(
+            plan, task, model, data, pool=pool, state=state, step=step, sharding=sharding,
+            check_hashes=_gather_hashes if check_plan else None, batch=batch,
+        )  # fmt: skip
     t_check = time.perf_counter()
     world = dist.get_world_size()
     _check_world(plan, world)
