@@ -100,13 +100,35 @@ def job_pipeline(ctx, plan_json: str, batch_dict: dict, seed: int, step: int):
     model, state = make_model(seed), SPState()
     parallelize(model, state, sync_weights=False)
     stage = build_stage(model, plan.pipeline.stage_layers, ctx.rank // plan.num_ranks)
-    data = make_data(batch, seed)
+    data, calls = make_data(batch, seed), count_calls(stage)
     report = execute_step(
         plan, LMTask(), stage, data, pool=ctx.pool, state=state, step=step, batch=batch
     )
     grads = {n: p.grad.clone() for n, p in stage.model_parameter_names().items()}
     actions = [(a.phase, a.action) for a in report.actions]
-    return report.loss, grads, actions
+    return report.loss, grads, actions, calls
+
+
+def count_calls(stage) -> list[int]:
+    """Calls of each of the stage's layers' MLP (a recomputed layer enters it twice; a pre-hook,
+    since checkpoint's early stop may end the replay inside the MLP)."""
+    calls = [0] * len(stage.layers)
+    for j, layer in enumerate(stage.layers):
+        layer.mlp.register_forward_pre_hook(lambda *_, j=j: calls.__setitem__(j, calls[j] + 1))
+    return calls
+
+
+def expected_calls(plan: Plan, rank: int) -> list[int]:
+    """Per layer of the rank's stage: one forward per micro-batch of its column, plus one
+    for each micro-batch whose stage_recompute covers the layer."""
+    n, layers = plan.num_ranks, plan.pipeline.stage_layers
+    s = rank // n
+    out = [0] * layers[s]
+    for p in range(len(plan.phases)):
+        for m in plan.group_of(rank % n, p).micro_batches:
+            r = m.stage_recompute[s] if m.stage_recompute else 0
+            out = [c + 1 + (j < r) for j, c in enumerate(out)]
+    return out
 
 
 def reference(batch: Batch, seed: int, step: int):
@@ -131,10 +153,12 @@ def expected_actions(plan: Plan, rank: int) -> list:
 def check_against_reference(results, plan: Plan, want_loss: float, want: dict) -> float:
     """The worst relative error of the loss and of every parameter's gradient over the ranks
     (one rank per stage would do: the others must agree), after checking each rank ran its
-    stage's actions in the shared order and that every parameter is on some stage."""
+    stage's actions in the shared order, recomputed its stage's share of each micro-batch's
+    layers, and that every parameter is on some stage."""
     worst, seen = 0.0, set()
-    for rank, (loss, grads, actions) in enumerate(results):
+    for rank, (loss, grads, actions, calls) in enumerate(results):
         assert actions == expected_actions(plan, rank)
+        assert calls == expected_calls(plan, rank)  # each stage recomputes what the plan says
         worst = max(worst, abs(loss - want_loss) / abs(want_loss))
         for name, g in grads.items():
             w = want[name]
@@ -167,3 +191,36 @@ def test_a_wrong_gradient_is_caught(workers):
     plan = cases()["pp4, 1f1b"]
     results = workers.run(job_pipeline, plan.to_json(), BATCH.to_dict(), 4, 5)
     assert check_against_reference(results, plan, *reference(BATCH, 3, 5)) > 1e-3
+
+
+def job_channel(ctx):
+    """Rank 0 sends three tensors of different shapes to rank 1 (shapes first); rank 1
+    receives them, the third with a wrong expected shape."""
+    from dcp_opt.runtime.pipeline import Channel
+
+    ch = Channel(device=torch.device("cpu"), dtype=torch.float64)
+    sent = [torch.arange(6.0).reshape(3, 2), torch.ones(5, 2, 1), torch.zeros(7)]
+    if ctx.rank == 0:
+        for t in sent:
+            ch.send(t.double(), 1)
+        ch.finish()
+        return None
+    if ctx.rank != 1:
+        return None
+    got = [ch.recv(0, expect=tuple(t.shape), what="test") for t in sent[:2]]
+    try:
+        ch.recv(0, expect=(4,), what="third")
+    except RuntimeError as e:
+        return [g.tolist() for g in got], str(e)
+    return [g.tolist() for g in got], None
+
+
+def test_transfers_send_their_shape_first(workers):
+    _, (got, error) = workers.run(job_channel)[:2]
+    assert got == [[[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]], [[[1.0]] * 2] * 5]
+    # the receiver learns the shape from the header and refuses one it did not expect; the
+    # tensor is drained first, so rank 0's finish() returned
+    assert (
+        error == "third: rank 0 sent shape [7], this rank expected [4] (the two ranks run "
+        "different plans or data)"
+    )

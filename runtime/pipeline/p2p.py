@@ -45,13 +45,13 @@ class Channel:
         header = torch.empty(1 + MAX_DIMS, dtype=torch.int64, device=self.device)
         _wait(dist.batch_isend_irecv([dist.P2POp(dist.irecv, header, peer)]))
         got = tuple(int(x) for x in header[1 : 1 + int(header[0])].tolist())
-        if got != tuple(expect):
+        out = torch.empty(got, dtype=self.dtype, device=self.device)
+        _wait(dist.batch_isend_irecv([dist.P2POp(dist.irecv, out, peer)]))
+        if got != tuple(expect):  # raised after the tensor is drained: the sender is not held
             raise RuntimeError(
                 f"{what}: rank {peer} sent shape {list(got)}, this rank expected "
                 f"{list(expect)} (the two ranks run different plans or data)"
             )
-        out = torch.empty(got, dtype=self.dtype, device=self.device)
-        _wait(dist.batch_isend_irecv([dist.P2POp(dist.irecv, out, peer)]))
         return out
 
     def finish(self) -> None:
