@@ -59,6 +59,8 @@ def test_plans_that_do_not_fit_the_job_are_refused():
     plan = cases()["pp2 x sp2 ulysses, 1f1b"]  # 2 stages x 2 units, split (1, 3)
     stage = build_stage(make_model(0), (1, 3), 0)
     check_pipeline_plan(plan, 4, 1, stage)  # ranks 0 and 1 hold stage 0
+    with pytest.raises(PipelinePlanError, match="model: TinyLM given.*build_stage"):
+        check_pipeline_plan(plan, 4, 1, make_model(0))
     with pytest.raises(PipelinePlanError, match="but the world has 8"):
         check_pipeline_plan(plan, 8, 1, stage)
     with pytest.raises(PipelinePlanError, match="built as stage 0 but this rank holds stage 1"):

@@ -25,6 +25,11 @@ def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage)
     plan's split and for `rank`'s stage, a schedule this runtime runs."""
     pipe = plan.pipeline
     p = pipe.num_stages
+    if not isinstance(stage, PipelineStage):
+        raise PipelinePlanError(
+            f"model: {type(stage).__name__} given for a plan with a pipeline; allowed: this "
+            "rank's stage, runtime.pipeline.build_stage(model, plan.pipeline.stage_layers, s)"
+        )
     if plan.tensor_parallel != 1:
         raise PipelinePlanError(
             f"plan.tensor_parallel: {plan.tensor_parallel}; allowed with a pipeline: 1 "
