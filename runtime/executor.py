@@ -22,6 +22,7 @@ from dcp_opt.plan import Plan
 
 from .groups import GroupPool, TPGroups
 from .parallelize import SPState
+from .pipeline import execute_pipeline_step
 from .plan_check import check_plan_once
 from .sp import SPGroup
 from .tensor_parallel import check_plan_heads, reduce_partial_grads
@@ -226,9 +227,22 @@ def execute_step(
     `tp` (runtime/groups.py TPGroups, for a plan with tensor_parallel t > 1 and a model split
     by runtime/tensor_parallel.apply_tensor_parallel): this GPU runs its unit's plan rank with
     the unit's other GPUs (the same micro-batches), in the plan's groups formed by the GPUs of
-    its TP rank, and the gradients are summed over the units (the "dp" mesh dimension)."""
+    its TP rank, and the gradients are summed over the units (the "dp" mesh dimension).
+
+    A plan with a pipeline runs through runtime/pipeline (`model` is then this rank's
+    `build_stage(...)`, the report a `PipelineStepReport`)."""
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
+    if plan.pipeline is not None:  # stages and P2P transfers: runtime/pipeline/executor.py
+        if tp is not None:
+            raise DcpOptError(
+                "tp: tensor parallelism with a pipeline plan is not built; allowed: tp=None "
+                "(runtime/pipeline runs TP-free stages)"
+            )
+        return execute_pipeline_step(
+            plan, task, model, data, pool=pool, state=state, step=step, sharding=sharding,
+            check_hashes=_gather_hashes if check_plan else None, batch=batch,
+        )  # fmt: skip
     t_check = time.perf_counter()
     world = dist.get_world_size()
     units = _check_world(plan, world)

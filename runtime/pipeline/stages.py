@@ -1,0 +1,172 @@
+"""Pipeline stages built from a model's own layers (no copy, no new parameter): stage s holds
+the next `stage_layers[s]` decoder layers, the embedding rides on stage 0 and the final norm,
+head and loss on the last stage (plan.Pipeline; Megatron-Core's `pre_process` /
+`post_process`, Narayanan et al. 2021 sec. 2.2).
+
+A stage runs one micro-batch piece of the packed stream (this SP member's shard, as
+`runtime/cp.py:shard_for_group` cuts it): `forward(x, part)` takes the token ids on stage 0
+or the previous stage's hidden states [T_local, hidden] elsewhere, and returns the hidden
+states for the next stage, or on the last stage the micro-batch's weighted loss sum (unscaled;
+the executor scales it). Hidden states always travel as [T_local, hidden].
+
+Supported: TinyLM (runtime/models.py, after `parallelize`) and transformers Llama decoders
+(runtime/hf.py, after `parallelize_hf`). Everything else is refused by name before anything
+changes; a stage holds references only, so the model is never modified by `build_stage`.
+Recompute stays the model's own per-layer switch (`SPState.recompute_layers` counts layers
+from the model's first): the executor sets it to the stage's first layer plus the micro-batch's
+`stage_recompute[s]`, so exactly the first `stage_recompute[s]` layers of the stage recompute.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dcp_opt.errors import DcpOptError
+
+from ..hf_layers import base_model
+from ..models import TinyLM
+
+HF_FAMILIES = ("llama",)  # config.model_type whose decoder forward build_stage re-creates
+
+
+class StageSplitError(DcpOptError):
+    """A model or a pipeline that cannot be split into stages (a ValueError too)."""
+
+
+def weighted_loss(logits: torch.Tensor, part: dict) -> torch.Tensor:
+    """Sum of per-token cross-entropy times the token weights (padding weighs 0 but stays in
+    the graph, as in runtime/tasks.py LMTask.run)."""
+    labels = part["labels"].clamp(min=0).to(logits.device)
+    per_token = F.cross_entropy(logits, labels, reduction="none")
+    return (per_token * part["weights"].to(per_token)).sum()
+
+
+class PipelineStage(nn.Module):
+    """One stage of a model: its layers `[layer_offset, layer_offset + num_layers)` of the
+    model's `total_layers`, plus the embedding (first stage) and norm, head and loss (last)."""
+
+    def __init__(self, model: nn.Module, stage_layers: tuple[int, ...], stage: int, layers):
+        super().__init__()
+        self.stage, self.stage_layers = stage, tuple(stage_layers)
+        self.num_stages = len(stage_layers)
+        self.layer_offset = sum(stage_layers[:stage])
+        self.total_layers = sum(stage_layers)
+        self.first, self.last = stage == 0, stage == self.num_stages - 1
+        self.layers = nn.ModuleList(layers[self.layer_offset : self.layer_offset + self.size])
+        # the model itself, unregistered: parameters are the stage's own submodules only
+        self.__dict__["model"] = model
+
+    @property
+    def size(self) -> int:
+        return self.stage_layers[self.stage]
+
+    def model_parameter_names(self) -> dict[str, nn.Parameter]:
+        """This stage's parameters under their names in the whole model."""
+        mine = {id(p) for p in self.parameters()}
+        return {n: p for n, p in self.model.named_parameters() if id(p) in mine}
+
+
+class TinyLMStage(PipelineStage):
+    def __init__(self, model: TinyLM, stage_layers, stage: int):
+        super().__init__(model, stage_layers, stage, model.layers)
+        self.hidden = model.cfg.hidden
+        self.embed = model.embed if self.first else None
+        self.norm = model.norm if self.last else None
+        self.head = model.head if self.last else None
+
+    def forward(self, x: torch.Tensor, part: dict) -> torch.Tensor:
+        dev = x.device
+        positions, segments = part["positions"].to(dev), part["segments"].to(dev)
+        h = self.embed(x) if self.first else x
+        for layer in self.layers:
+            h = layer(h, positions, segments)
+        if not self.last:
+            return h
+        return weighted_loss(self.head(self.norm(h)), part)
+
+
+class HFLlamaStage(PipelineStage):
+    """A transformers Llama decoder's stage: what LlamaModel.forward does for its layers
+    (embed_tokens, rotary_emb, each decoder layer, norm) and LlamaForCausalLM's lm_head, on
+    one packed row [1, T_local] with per-sequence position_ids and no mask ("dcp_ulysses"
+    keeps attention inside each sequence from SPState.segments, runtime/hf.py)."""
+
+    def __init__(self, model: nn.Module, stage_layers, stage: int):
+        base = base_model(model)
+        super().__init__(model, stage_layers, stage, base.layers)
+        self.hidden = model.config.hidden_size
+        self.rotary_emb = base.rotary_emb
+        self.embed_tokens = base.embed_tokens if self.first else None
+        self.norm = base.norm if self.last else None
+        self.lm_head = model.lm_head if self.last else None
+
+    def forward(self, x: torch.Tensor, part: dict) -> torch.Tensor:
+        positions = part["positions"].to(x.device)[None]
+        h = self.embed_tokens(x[None]) if self.first else x[None]
+        rotary = self.rotary_emb(h, position_ids=positions)
+        for layer in self.layers:
+            h = layer(
+                h,
+                attention_mask=None,
+                position_ids=positions,
+                position_embeddings=rotary,
+                use_cache=False,
+            )
+        if not self.last:
+            return h[0]
+        return weighted_loss(self.lm_head(self.norm(h))[0], part)
+
+
+def model_layers(model: nn.Module) -> int:
+    """How many decoder layers the model splits into (refusing models it cannot split)."""
+    return len(_split_kind(model)[1])
+
+
+def build_stage(model: nn.Module, stage_layers, stage: int) -> PipelineStage:
+    """Stage `stage` of `model` under `stage_layers` (plan.pipeline.stage_layers). Refuses,
+    naming the reason, a model it cannot split or a split that does not fit it."""
+    kind, layers = _split_kind(model)
+    stage_layers = tuple(stage_layers)
+    if not stage_layers or any(not isinstance(n, int) or n < 1 for n in stage_layers):
+        raise StageSplitError(
+            f"stage_layers: {list(stage_layers)}; allowed: a non-empty list of integers >= 1"
+        )
+    if sum(stage_layers) != len(layers):
+        raise StageSplitError(
+            f"stage_layers: {list(stage_layers)} sum to {sum(stage_layers)} but "
+            f"{type(model).__name__} has {len(layers)} layers; allowed: a split summing to "
+            f"{len(layers)}"
+        )
+    if not 0 <= stage < len(stage_layers):
+        raise StageSplitError(f"stage: {stage}; allowed: 0..{len(stage_layers) - 1}")
+    return (TinyLMStage if kind == "tiny" else HFLlamaStage)(model, stage_layers, stage)
+
+
+def _split_kind(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    if isinstance(model, TinyLM):
+        return "tiny", model.layers
+    cfg = getattr(model, "config", None)
+    family = getattr(cfg, "model_type", None)
+    if family is None:
+        raise StageSplitError(
+            f"model: {type(model).__name__} cannot be split into pipeline stages; allowed: "
+            f"TinyLM, a transformers causal LM of model_type {list(HF_FAMILIES)}"
+        )
+    if family not in HF_FAMILIES:
+        raise StageSplitError(
+            f"model.config.model_type: {family!r} cannot be split into pipeline stages (its "
+            f"decoder forward is not re-created per stage); allowed: {list(HF_FAMILIES)}"
+        )
+    if getattr(cfg, "tie_word_embeddings", False):
+        raise StageSplitError(
+            "model.config.tie_word_embeddings: True: the embedding (first stage) and the head "
+            "(last stage) would be one parameter on two stages; allowed: False"
+        )
+    if getattr(cfg, "_attn_implementation", None) != "dcp_ulysses":
+        raise StageSplitError(
+            f"model.config._attn_implementation: {cfg._attn_implementation!r}; allowed: "
+            "'dcp_ulysses' (call runtime.hf.parallelize_hf(model, state) first)"
+        )
+    return "hf", base_model(model).layers
