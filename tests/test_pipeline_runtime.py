@@ -178,9 +178,10 @@ def workers():
 @pytest.mark.parametrize("name", list(cases()))
 def test_pipeline_step_equals_single_process(workers, name):
     plan = cases()[name]
-    cost = CostModel(SPEC, Cluster("cpu", 1, plan.num_ranks, 1e15, 1e12, 1e10, 1e10),
+    gpus = plan.num_ranks * len(plan.pipeline.stage_layers)  # the rank map: stages x units
+    cost = CostModel(SPEC, Cluster("cpu", 1, gpus, 1e15, 1e12, 1e10, 1e10),
                      sp_kinds=("ulysses", "cp"))  # fmt: skip
-    # the plan's per-stage layout is a valid DCP plan of one stage's units
+    # the plan is valid for the whole cluster, pipeline checks included (validate's BAD_PIPELINE)
     assert validate(plan, BATCH, cost, check_fingerprint=False) == []
     results = workers.run(job_pipeline, plan.to_json(), BATCH.to_dict(), 3, 5)
     assert check_against_reference(results, plan, *reference(BATCH, 3, 5)) <= TOL

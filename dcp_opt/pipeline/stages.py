@@ -179,7 +179,8 @@ def column_times(layout: StageLayout, feats, degree: int, start_unit: int, kind:
     if kind == "cp":  # measured reduce-scatter rates (cp_cost.backward_extra; 0 without)
         from ..cost.cp import backward_extra
 
-        b = b + np.array([backward_extra(cost, tokens, degree, spans, n, comm) for n in Lc[:, 0]])
+        extra = [backward_extra(cost, tokens, degree, spans, n, comm) for n in Lc[:, 0]]
+        b = b + np.stack([np.broadcast_to(e, tokens.shape) for e in extra])  # 0.0 unmeasured
     sent = tokens / degree * cost.model.hidden * cost.model.dtype_bytes / layout.tensor_parallel
     x = per_byte[:, None] * sent + lat[:, None]
     return f, b, x
