@@ -132,3 +132,28 @@ def test_every_3d_preset_plans_validly_on_h200x32(name, tmp_path):
     cost = CostModel(MODEL_PRESETS[name], cluster_preset("h200x32"))
     batch = standard_batch("3d-balanced", 0)
     assert validate(Plan.from_json(plan.read_text()), batch, cost) == []
+
+
+def test_bench_one_batch_takes_a_3d_workload_with_its_own_model():
+    from dcp_opt.analysis.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig("h200x8", ("3d-short", "2d-short"), ("bucket", "greedy"), 1,
+                      models={"3d": "wan2.1-1.3b"}, tokens_per_gpu=16384)  # fmt: skip
+    doc = run_bench(cfg)
+    assert doc["config"]["models"]["3d"] == "wan2.1-1.3b"
+    rows = {(r["workload"], r["planner"]): r for r in doc["summary"]}
+    assert rows[("3d-short", "greedy")]["model"] == "wan2.1-1.3b"
+    assert rows[("2d-short", "greedy")]["model"] == "opensora-stdit3-xl"
+    assert all(r["all_valid"] for r in rows.values())
+
+
+def test_stream_runs_the_published_samplers_on_a_3d_workload():
+    from dcp_opt.analysis.stream import StreamConfig, run_stream
+
+    cfg = StreamConfig(cluster="h200x8", workloads=("3d-opensora2-256px",), num_batches=2,
+                       step_sizes=(2**20,), planners=("greedy",), published=("bucket",),
+                       models={"3d": "wan2.1-1.3b"})  # fmt: skip
+    doc = run_stream(cfg)
+    methods = {r["method"] for r in doc["methods"]}
+    assert {"bucket", "greedy@1M"} <= methods
+    assert all(r["workload"] == "3d-opensora2-256px" for r in doc["methods"])
