@@ -78,14 +78,14 @@ def cost_model(
 
 
 def profile_kind(profile: str) -> str:
-    """The kind ("1d"/"2d") of the model a profile file was measured for."""
+    """The kind ("1d"/"2d"/"3d") of the model a profile file was measured for."""
     from .profile_io import load_profile
 
     return _named(profile, load_profile, profile).model.kind
 
 
 def _check_kind(spec: ModelSpec, kind: str, source: str, what: str) -> None:
-    if spec.kind != kind:
+    if spec.input_kind != kind:
         raise DcpOptError(
             f"{what}: {spec.name!r} is a {spec.kind} model but {source} holds {kind} sequences"
         )

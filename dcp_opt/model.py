@@ -7,7 +7,11 @@ from dataclasses import asdict, dataclass
 from .errors import DcpOptError, is_int, is_real, require
 from .errors import short_repr as _short
 
-KINDS = ("1d", "2d")
+KINDS = ("1d", "2d", "3d")
+# How a 3d model (full 3-D attention DiT) sees its caption: "joint" (MMDiT: the text tokens
+# join the sequence of every attention; SD3, Flux, Open-Sora 2.0, HunyuanVideo) or "cross"
+# (Wan: self-attention over the video tokens, then cross-attention to a fixed text length).
+TEXT_MODES = ("joint", "cross")
 # Integer fields are exact (true is not 1, 2.0 is not 2) and at most 2**31 - 1: a bigger
 # width or depth is a typo, and its products (hidden^2 x layers) would leave float64's range.
 MAX_FIELD = 2**31 - 1
@@ -15,8 +19,15 @@ MAX_FIELD = 2**31 - 1
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A 1D decoder LM (`kind="1d"`, one block per layer) or a 2D spatial-temporal DiT
-    (`kind="2d"`, each layer = one spatial block + one temporal block, as Open-Sora STDiT3).
+    """A 1D decoder LM (`kind="1d"`, one block per layer), a 2D spatial-temporal DiT
+    (`kind="2d"`, each layer = one spatial block + one temporal block, as Open-Sora STDiT3) or
+    a full-attention video DiT (`kind="3d"`: every layer attends over all F x H x W tokens;
+    dcp_opt/dit_spec.py builds one from a diffusers config). 2d and 3d models take the same
+    (frames, height, width) samples.
+
+    `text_mode` (3d only): "joint" or "cross" (TEXT_MODES). `single_layers` (joint only): how
+    many of the `num_layers` blocks are single-stream (one set of weights for video and text;
+    Flux, HunyuanVideo); the others are double-stream (one set per modality; SD3).
 
     `text_tokens` is the cross-attention context of a 2D model (captions, 300 in Open-Sora).
     `num_kv_heads` is the number of key/value heads of grouped-query attention (Ainslie et al.
@@ -43,6 +54,8 @@ class ModelSpec:
     num_kv_heads: int | None = None
     window: int = 0
     windowed_layers: int = 0
+    text_mode: str = ""
+    single_layers: int = 0
 
     def __post_init__(self) -> None:
         require(
@@ -86,6 +99,38 @@ class ModelSpec:
         )
 
         self._check_window()
+        self._check_text_mode()
+
+    def _check_text_mode(self) -> None:
+        m, n = self.text_mode, self.single_layers
+        allowed = list(TEXT_MODES) if self.kind == "3d" else [""]
+        require(
+            m in allowed,
+            "model.text_mode",
+            f"{m!r} not allowed for a {self.kind} model; allowed: {allowed}",
+        )
+        require(
+            is_int(n) and 0 <= n <= (self.num_layers if m == "joint" else 0),
+            "model.single_layers",
+            f"must be an integer in [0, num_layers={self.num_layers}] for a joint 3d model, "
+            f"else 0; got {_short(n)}",
+        )
+        require(
+            self.kind != "3d" or (not self.causal and self.num_kv_heads is None),
+            "model.causal",
+            "a 3d model attends over all its tokens: causal false, num_kv_heads null",
+        )
+
+    @property
+    def input_kind(self) -> str:
+        """The kind of the sequences the model takes: "1d" lengths or "2d" (frames, height,
+        width) shapes (2d and 3d models alike)."""
+        return "1d" if self.kind == "1d" else "2d"
+
+    @property
+    def joint_text_tokens(self) -> int:
+        """Text tokens that join every attention of a sample: text_tokens under joint, else 0."""
+        return self.text_tokens if self.text_mode == "joint" else 0
 
     def _check_window(self) -> None:
         w, n = self.window, self.windowed_layers
@@ -126,7 +171,9 @@ class ModelSpec:
 
     @property
     def block_types(self) -> tuple[str, ...]:
-        return ("layer",) if self.kind == "1d" else ("spatial", "temporal")
+        if self.kind == "2d":
+            return ("spatial", "temporal")
+        return ("layer",)  # 1d: one decoder layer; 3d: one full-attention block
 
     @property
     def params_per_block(self) -> float:
@@ -135,6 +182,8 @@ class ModelSpec:
         mlp = (3 if self.gated_mlp else 2) * h * f
         if self.kind == "1d":  # q and o are h x h; k and v h x (h * kv/H) under GQA
             return (2 + 2 * self.kv_fraction) * h * h + mlp
+        if self.text_mode == "joint":  # per token, double and single blocks alike (dit_spec)
+            return 4 * h * h + mlp
         # Self-attention qkvo (4h^2) + cross-attention q and o on video tokens (2h^2) + MLP.
         return 6 * h * h + mlp
 
@@ -144,7 +193,7 @@ class ModelSpec:
             return float(self.num_params)
         h = self.hidden
         per_layer = len(self.block_types) * self.params_per_block
-        if self.kind == "2d":
+        if self.kind == "2d" or self.text_mode == "cross":
             per_layer += len(self.block_types) * 2 * h * h  # cross-attention k, v on text
         return float(self.num_layers * per_layer + 2 * self.vocab_size * h)
 
@@ -154,6 +203,8 @@ class ModelSpec:
             del d["num_kv_heads"]  # before the field existed
         if d["windowed_layers"] == 0:  # no window: likewise
             del d["window"], d["windowed_layers"]
+        if d["text_mode"] == "":  # 1d and 2d: likewise
+            del d["text_mode"], d["single_layers"]
         return d
 
     @classmethod
@@ -229,6 +280,65 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         text_tokens=300,
         causal=False,
         num_params=1.1e9,
+    ),
+    # Full-attention video DiTs (kind 3d): dimensions and caption lengths from the published
+    # configs as dcp_opt/dit_spec.py PUBLISHED cites them; num_params = the diffusers model
+    # built from that config, to the parameter (dit_spec.published_spec; tests/test_dit_spec.py
+    # and scripts/check_dit_params.py check both). Open-Sora 2.0: Flux MMDiT, 19 double- + 38
+    # single-stream blocks, hidden 3072, 24 heads, MLP 4x, T5 captions of 512 tokens.
+    "opensora2-11b": ModelSpec(
+        "opensora2-11b",
+        "3d",
+        57,
+        3072,
+        24,
+        12288,
+        text_tokens=512,
+        causal=False,
+        num_params=11891178560.0,
+        text_mode="joint",
+        single_layers=38,
+    ),
+    # HunyuanVideo (HYVideo-T/2-cfgdistill): 20 double- + 40 single-stream blocks, hidden
+    # 3072, 24 heads, MLP 4x, 256 text tokens.
+    "hunyuanvideo-13b": ModelSpec(
+        "hunyuanvideo-13b",
+        "3d",
+        60,
+        3072,
+        24,
+        12288,
+        text_tokens=256,
+        causal=False,
+        num_params=12821012544.0,
+        text_mode="joint",
+        single_layers=40,
+    ),
+    # Wan 2.1 T2V 14B: 40 blocks, hidden 5120, 40 heads, FFN 13824, umT5 captions of 512.
+    "wan2.1-14b": ModelSpec(
+        "wan2.1-14b",
+        "3d",
+        40,
+        5120,
+        40,
+        13824,
+        text_tokens=512,
+        causal=False,
+        num_params=14288491584.0,
+        text_mode="cross",
+    ),
+    # Wan 2.1 T2V 1.3B: 30 blocks, hidden 1536, 12 heads, FFN 8960, umT5 captions of 512.
+    "wan2.1-1.3b": ModelSpec(
+        "wan2.1-1.3b",
+        "3d",
+        30,
+        1536,
+        12,
+        8960,
+        text_tokens=512,
+        causal=False,
+        num_params=1418996800.0,
+        text_mode="cross",
     ),
 }
 

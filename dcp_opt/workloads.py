@@ -5,6 +5,10 @@
 compression, as VideoSys); tokens = latent frames x ceil(H/16) x ceil(W/16) (VAE /8, patch 2).
 Bucket probabilities over buckets sorted by tokens: short = Zipf(alpha 3, offset 5) as in
 VideoSys' dummy dataset, balanced = uniform, long = the short Zipf reversed.
+3D / full-attention video DiTs (dcp_opt/video3d.py): `3d-short|balanced|long` are the same
+five resolutions x frames {1, 33, 65, 97, 129} through a 4x8x8 causal VAE and 2x2 patches,
+with the 2d distributions; `3d-opensora2-256px` and `3d-opensora2-768px` are Open-Sora 2.0's
+published buckets of its two stages. Their samples are (frames, height, width) shapes, as 2d.
 1D / text: log-normal lengths with median 2K / 8K / 32K (sigma 1.0), clipped to [128, 131072].
 A global batch draws sequences until the token budget is reached (the last one may cross it).
 """
@@ -22,6 +26,7 @@ import numpy as np
 
 from .batch import MAX_SEQUENCES, Batch, Sequence, check_num_sequences
 from .errors import DcpOptError, is_int, loads_json, read_text
+from .video3d import FRAMES_3D, OPENSORA2_BUCKETS, TOKENIZER, opensora2_buckets
 
 RESOLUTIONS = {
     "144p": (144, 256),
@@ -47,9 +52,13 @@ def video_shape(resolution: str, frames: int) -> tuple[int, int, int]:
     return (latent_frames, math.ceil(h / 16), math.ceil(w / 16))
 
 
-def video_buckets() -> list[tuple[str, int, tuple[int, int, int]]]:
-    """(resolution, frames, shape) for the 25 buckets, sorted by token count."""
-    out = [(r, f, video_shape(r, f)) for r in RESOLUTIONS for f in FRAMES]
+def video_buckets(kind: str = "2d") -> list[tuple[str, int, tuple[int, int, int]]]:
+    """(resolution, frames, shape) for the 25 buckets, sorted by token count: Open-Sora 1.2's
+    (2d) or the full-attention DiTs' (3d: FRAMES_3D through video3d.TOKENIZER)."""
+    if kind == "3d":
+        out = [(r, f, TOKENIZER.shape(*RESOLUTIONS[r], f)) for r in RESOLUTIONS for f in FRAMES_3D]
+    else:
+        out = [(r, f, video_shape(r, f)) for r in RESOLUTIONS for f in FRAMES]
     return sorted(out, key=lambda x: (int(np.prod(x[2])), x[0], x[1]))
 
 
@@ -78,24 +87,33 @@ class Workload:
     def name(self) -> str:
         return f"{self.kind}-{self.distribution}"
 
+    @property
+    def input_kind(self) -> str:
+        """The kind of its samples: "1d" lengths, else "2d" shapes (3d workloads too)."""
+        return "1d" if self.kind == "1d" else "2d"
+
     @classmethod
     def parse(cls, name: str) -> Workload:
-        parts = name.split("-")
-        if name in EXTRA_WORKLOADS or name in DOCUMENT_WORKLOADS:
+        parts = name.split("-", 1)
+        if name in EXTRA_WORKLOADS or name in DOCUMENT_WORKLOADS or name in VIDEO_3D_WORKLOADS:
             return cls(*parts)
         if len(parts) != 2 or parts[0] not in ("1d", "2d") or parts[1] not in DISTRIBUTIONS:
-            allowed = [w.name for w in STANDARD_WORKLOADS] + [*EXTRA_WORKLOADS, *DOCUMENT_WORKLOADS]
+            allowed = [w.name for w in STANDARD_WORKLOADS]
+            allowed += [*EXTRA_WORKLOADS, *DOCUMENT_WORKLOADS, *VIDEO_3D_WORKLOADS]
             raise DcpOptError(f"workload: {name!r} not allowed; allowed: {allowed}")
         return cls(parts[0], parts[1])
 
     def sample_shape(self, rng: np.random.Generator) -> tuple[int, ...]:
         if self.distribution == IMAGE_HEAVY:
             return _image_heavy_shape(rng)
+        if self.kind == "3d" and self.distribution.startswith("opensora2-"):
+            shapes, p = opensora2_buckets(self.distribution.removeprefix("opensora2-"))
+            return shapes[rng.choice(len(shapes), p=p)]
         if self.distribution in DOCUMENT_SAMPLES:
             sample = document_lengths(self.distribution)
             return (int(sample[rng.integers(len(sample))]),)
-        if self.kind == "2d":
-            buckets = video_buckets()
+        if self.kind in ("2d", "3d"):
+            buckets = video_buckets(self.kind)
             i = rng.choice(len(buckets), p=bucket_probabilities(self.distribution, len(buckets)))
             return buckets[i][2]
         n = rng.lognormal(math.log(TEXT_MEDIANS[self.distribution]), TEXT_SIGMA)
@@ -134,6 +152,11 @@ EXTRA_WORKLOADS = ("2d-imageheavy",)
 # WLB sample but most of its attention work (issue 30).
 DOCUMENT_SAMPLES = {"wlbllm": "wlbllm_lengths.json", "prolong": "prolong_lengths.json"}
 DOCUMENT_WORKLOADS = tuple(f"1d-{k}" for k in DOCUMENT_SAMPLES)
+# Full-attention video DiTs (dcp_opt/video3d.py): the standard mix and Open-Sora 2.0's stages.
+VIDEO_3D_WORKLOADS = (
+    *(f"3d-{d}" for d in DISTRIBUTIONS),
+    *(f"3d-opensora2-{stage}" for stage in OPENSORA2_BUCKETS),
+)
 
 
 @functools.cache

@@ -93,6 +93,7 @@ COMMANDS = {
         "--profile",
         "--model-1d",
         "--model-2d",
+        "--model-3d",
     ],
     "show": [
         "PLAN",
@@ -128,6 +129,7 @@ SPEC_FLAGS = {
     "--model": "model",
     "--model-1d": "model",
     "--model-2d": "model",
+    "--model-3d": "model",
     "--cluster": "cluster",
     "--profile": "profile",
 }

@@ -7,7 +7,7 @@ largest SP degree with every layer recomputed (the CostModel's own `min_recomput
 
 - `clusters()`: 1 to 64 GPUs, non-powers of two (1x6, 3x8, 3x4, 5x1, ...), and mixed
   clusters (per-rank memory and speed factors, some slower than 1).
-- `models()`: the presets plus small 1D and 2D ModelSpec variants (heads that do not divide
+- `models()`: the presets plus small 1D, 2D and 3D ModelSpec variants (heads that do not divide
   the degree, gated or plain MLPs, with or without vocabulary / captions).
 - `instances()`: an `Instance(cost, batch)` ready for any planner.
 - `valid_plans(inst)`: random valid plans on aligned group layouts, one or more phases,
@@ -125,7 +125,7 @@ def clusters(draw, max_gpus: int = 64, mixed: bool | None = None) -> Cluster:
 # ---- models ------------------------------------------------------------------------------
 @st.composite
 def small_models(draw, kind: str | None = None) -> ModelSpec:
-    kind = kind or draw(st.sampled_from(["1d", "2d"]))
+    kind = kind or draw(st.sampled_from(["1d", "2d", "3d"]))
     heads = draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 32]))
     hidden = heads * draw(st.sampled_from([8, 64, 128]))
     ffn = hidden * draw(st.sampled_from([2, 4]))
@@ -146,6 +146,12 @@ def small_models(draw, kind: str | None = None) -> ModelSpec:
                 st.sampled_from([None] + [k for k in range(1, heads + 1) if heads % k == 0])
             ),
         )
+    if kind == "3d":  # a full-attention video DiT, joint (MMDiT) or cross text (issue 27)
+        mode = draw(st.sampled_from(["joint", "cross"]))
+        single = draw(st.integers(0, layers)) if mode == "joint" else 0
+        return ModelSpec("small-3d", "3d", layers, hidden, heads, ffn, causal=False,
+                         text_tokens=draw(st.sampled_from([0, 16, 512])), text_mode=mode,
+                         single_layers=single)  # fmt: skip
     return ModelSpec(
         "small-2d",
         "2d",

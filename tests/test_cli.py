@@ -590,7 +590,12 @@ def test_profile_with_a_model_of_the_same_layers_and_another_depth(tmp_path, cap
     [
         ("--model", '{"kind": "1d", "num_layers": 2, "hidden": 64', "m.json: not valid JSON"),
         ("--model", {**LLAMA_1B.to_dict(), "hidden": "x"}, "m.json: model.hidden: must be"),
-        ("--model", {**LLAMA_1B.to_dict(), "kind": "3d"}, "m.json: model.kind: '3d' not allowed"),
+        ("--model", {**LLAMA_1B.to_dict(), "kind": "4d"}, "m.json: model.kind: '4d' not allowed"),
+        (
+            "--model",
+            {**LLAMA_1B.to_dict(), "kind": "3d"},
+            "m.json: model.text_mode: '' not allowed",
+        ),
         ("--model", {"kind": "1d", "hidden": 64}, "m.json: model: ModelSpec.__init__() missing"),
         ("--model", [1, 2], "m.json: expected a JSON object, got list"),
         ("--cluster", {**A100_3X4, "memory_bytes": "80GB"}, "m.json: cluster.memory_bytes"),

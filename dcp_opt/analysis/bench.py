@@ -75,7 +75,7 @@ from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, Workload, st
 from .bench_display import ONE_BATCH_FRAMING
 
 BENCH_SCHEMA = "dcp-opt-bench/1"
-DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
+DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b", "3d": "opensora2-11b"}
 REFERENCES = ("bucket", "static_tuned")
 DEFAULT_NUM_BATCHES = 5
 # Option names a planner may take, tried in order (planners are written by several people).
@@ -104,7 +104,7 @@ class BenchConfig:
             raise DcpOptError("workloads: give at least one")
         for w in self.workloads:
             Workload.parse(w)  # names the bad workload
-        for kind in ("1d", "2d"):
+        for kind in DEFAULT_MODELS:
             model = model_preset(self.models.get(kind, DEFAULT_MODELS[kind]))
             if model.kind != kind:
                 raise DcpOptError(f"model-{kind}: {model.name!r} is a {model.kind} model")
@@ -310,7 +310,10 @@ def run_bench(
     cluster = load_cluster(config.cluster)  # a preset name or a Cluster JSON file
     planners, skipped = select_planners(config.planners)
     _import_planners(planners)
-    costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}
+    kinds = ["1d", "2d"]  # 3d (full-attention video DiTs) only when a workload asks for it
+    kinds += ["3d"] if any(Workload.parse(w).kind == "3d" for w in config.workloads) else []
+    models_of = {**DEFAULT_MODELS, **config.models}
+    costs = {k: make_cost(model_preset(models_of[k]), cluster) for k in kinds}
     on_start(len(config.workloads) * len(config.seeds) * len(planners))
     records: list[BenchRecord] = []
     warnings: list[str] = []

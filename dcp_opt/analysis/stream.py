@@ -76,11 +76,13 @@ from ..cost import CostModel
 from ..errors import DcpOptError
 from ..inputs import load_cluster
 from ..model import model_preset
+from ..video3d import opensora2_buckets
 from ..workloads import (
     DISTRIBUTIONS,
     TEXT_CLIP,
     TEXT_MEDIANS,
     TEXT_SIGMA,
+    VIDEO_3D_WORKLOADS,
     Workload,
     bucket_probabilities,
     video_buckets,
@@ -104,10 +106,12 @@ from .stream_steps import (  # noqa: F401 (re-exported)
 )
 
 STREAM_SCHEMA = "dcp-opt-stream/1"
-DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b"}
+DEFAULT_MODELS = {"2d": "opensora-stdit3-xl", "1d": "llama-7b", "3d": "opensora2-11b"}
 MILLION = 1 << 20
 DEFAULT_TOKENS_PER_BATCH = 2 * MILLION  # the one-batch bench's 32 GPUs x 64K
 STREAM_WORKLOADS = tuple(f"{k}-{d}" for k in ("2d", "1d") for d in DISTRIBUTIONS) + ("2d-videosys",)
+# Full-attention video DiTs (kind 3d; asked for by name, not in the default run)
+STREAM_3D_WORKLOADS = VIDEO_3D_WORKLOADS
 PUBLISHED = ("bucket", "dcp_intra", "dcp_inter", "dcp_inter_pac")
 # VideoSys' benchmark dataset (datasets.py:229-446; counts from its Zipf formula, research
 # sec. 5.1): (resolution, frames) -> samples. 1 frame = an image.
@@ -151,9 +155,10 @@ class StreamConfig:
     models: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_MODELS))
 
     def __post_init__(self) -> None:
+        allowed = STREAM_WORKLOADS + STREAM_3D_WORKLOADS
         for w in self.workloads:
-            if w not in STREAM_WORKLOADS:
-                raise DcpOptError(f"workload: {w!r} not allowed; allowed: {STREAM_WORKLOADS}")
+            if w not in allowed:
+                raise DcpOptError(f"workload: {w!r} not allowed; allowed: {allowed}")
         if self.num_batches < 1 or self.tokens_per_batch < 1:
             raise DcpOptError("batches, tokens_per_batch: must be >= 1")
         if any(s < 1 for s in self.step_sizes):
@@ -217,8 +222,11 @@ def stream_epoch(name: str, seed: int, num_batches: int, tokens_per_batch: int) 
 def _draw(w: Workload, rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
     """n shapes from the distributions of Workload.sample_shape (REFERENCE.md sec. 4), drawn
     as one array: the one-batch bench's per-sample draws take ~9 s for a 2D epoch."""
-    if w.kind == "2d":
-        buckets = video_buckets()
+    if w.kind == "3d" and w.distribution.startswith("opensora2-"):
+        shapes, p = opensora2_buckets(w.distribution.removeprefix("opensora2-"))
+        return [shapes[i] for i in rng.choice(len(shapes), size=n, p=p)]
+    if w.kind in ("2d", "3d"):
+        buckets = video_buckets(w.kind)
         idx = rng.choice(len(buckets), size=n, p=bucket_probabilities(w.distribution))
         return [buckets[i][2] for i in idx]
     x = rng.lognormal(math.log(TEXT_MEDIANS[w.distribution]), TEXT_SIGMA, size=n)
@@ -354,7 +362,9 @@ def run_stream(
     started = time.perf_counter()
     cluster = load_cluster(config.cluster)
     make_cost = make_cost or (lambda m, c: CostModel(m, c))
-    costs = {k: make_cost(model_preset(config.models[k]), cluster) for k in ("1d", "2d")}
+    kinds = ["1d", "2d"] + (["3d"] if any(w[:2] == "3d" for w in config.workloads) else [])
+    models = {**DEFAULT_MODELS, **config.models}
+    costs = {k: make_cost(model_preset(models[k]), cluster) for k in kinds}
     n_1d = sum(w.startswith("1d") for w in config.workloads)
     on_start(_num_runs(config, len(config.workloads) - n_1d, n_1d))
     epochs, rows, notes = [], [], []

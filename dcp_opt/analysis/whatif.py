@@ -107,7 +107,7 @@ class WhatIfConfig:
 
 def base_cost(dist: LengthDistribution, config: WhatIfConfig) -> CostModel:
     model = model_preset(config.model or DEFAULT_MODELS[dist.kind])
-    if model.kind != dist.kind:
+    if model.input_kind != dist.kind:
         raise DcpOptError(
             f"model: {model.name!r} is a {model.kind} model but {dist.source} holds "
             f"{dist.kind} shapes"

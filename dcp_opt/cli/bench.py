@@ -50,7 +50,7 @@ def add_bench_parser(sub) -> None:
         "--batches", type=types.batches, default=DEFAULT_NUM_BATCHES, help="seeds per workload"
     )
     p.add_argument("--seed", type=int, default=0, help="first seed")
-    for kind in ("1d", "2d"):
+    for kind in ("1d", "2d", "3d"):
         p.add_argument(f"--model-{kind}", help=f"{MODEL_HELP} (default {DEFAULT_MODELS[kind]})")
     p.add_argument(
         "--profile",
@@ -260,14 +260,14 @@ def _profile_warning(args: argparse.Namespace) -> None:
 def _bench_costs(args: argparse.Namespace):
     """make_cost for run_bench: it hands over the default preset model of each kind; the
     user's model file or profile replaces it (run_bench reports the model it got)."""
-    models = {"1d": args.model_1d, "2d": args.model_2d}
+    models = {"1d": args.model_1d, "2d": args.model_2d, "3d": args.model_3d}
     kind_of_profile = profile_kind(args.profile) if args.profile else None
-    kinds = {"1d": sp_kinds(args), "2d": ("ulysses",)}  # cp serves 1D models only
+    kinds = {"1d": sp_kinds(args), "2d": ("ulysses",), "3d": ("ulysses",)}  # cp: 1D only
 
     def make_cost(preset, cluster) -> CostModel:
         k = preset.kind
         return cost_model(
-            kind=k,
+            kind=preset.input_kind,
             cluster=cluster,
             model=models[k],
             profile=args.profile if k == kind_of_profile else None,

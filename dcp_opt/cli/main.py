@@ -38,7 +38,13 @@ from ..inputs import cost_model, load_cluster
 from ..plan import Plan, fingerprint_inputs
 from ..simulate import SimResult, simulate
 from ..validate import validate
-from ..workloads import DEFAULT_TOKENS_PER_GPU, STANDARD_WORKLOADS, load_batch, standard_batch
+from ..workloads import (
+    DEFAULT_TOKENS_PER_GPU,
+    STANDARD_WORKLOADS,
+    VIDEO_3D_WORKLOADS,
+    load_batch,
+    standard_batch,
+)
 from . import args as types
 from . import handoff
 from .args import add_sp_kinds, sp_kinds, split
@@ -76,7 +82,8 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
     src.add_argument(
         "--workload",
         metavar="NAME",
-        help=f"a standard workload: {', '.join(w.name for w in STANDARD_WORKLOADS)}",
+        help=f"a standard workload: {', '.join(w.name for w in STANDARD_WORKLOADS)}; "
+        f"full-attention video DiTs (--model opensora2-11b, ...): {', '.join(VIDEO_3D_WORKLOADS)}",
     )
     p.add_argument("--seed", type=int, default=None, help="workload seed (default 0); planner seed")
     p.add_argument(

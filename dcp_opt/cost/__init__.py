@@ -5,6 +5,8 @@ is a function of additive features of the micro-batch, so packing sequences adds
 
     Q_b  attention work of block b: 1D sum s^2 (causal); 2D spatial sum F*S^2, temporal sum S*F^2;
          1D layers with a sliding window w: s^2 - (s-w)^2 for s > w, i.e. ~2sw (features.py)
+         3D (full-attention video DiT): (v + j)^2 with j joint text tokens, v^2 under
+         cross-attention (dit3d.py)
     T    tokens;   S  sequences
 
 Time of one block's forward on one GPU of speed 1 (fitted by the profiler, or from FLOPs):
@@ -23,8 +25,8 @@ model states + reserve + T/d * ((L - r) * act + r * ckpt + act + head), where th
 is the working set of the one layer being recomputed or back-propagated.
 
 The package by concern: coeffs.py (coefficients and the FLOP-derived presets), features.py,
-compute.py (time), comm.py (all-to-alls and the step's world collectives), memory.py,
-cp.py (the second SP kind, all-gather-KV context parallelism), phase.py (one phase priced
+compute.py (time), dit3d.py (full-attention video DiTs), comm.py (all-to-alls and the step's
+world collectives), memory.py, cp.py (the second SP kind, all-gather-KV context parallelism), phase.py (one phase priced
 in one call), memo.py, and model.py (CostModel: the data, its checks and fingerprint).
 """
 

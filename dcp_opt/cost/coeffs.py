@@ -11,6 +11,7 @@ import numpy as np
 from ..cluster import GB, Cluster
 from ..errors import DcpOptError, is_int, is_real
 from ..model import ModelSpec
+from . import dit3d
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,8 @@ def flops_coefficients(
     if model.kind == "1d":
         quad_flops = 2 * h  # QK^T and PV: 4 s^2 h, halved by the causal mask
         seq_flops = 0.0
+    elif model.kind == "3d":  # full 3-D attention, text joint or cross (cost/dit3d.py)
+        quad_flops, lin_flops, seq_flops = dit3d.forward_flops(model)
     else:
         quad_flops = 4 * h  # full (non-causal) attention over the block's axis
         lin_flops += 4 * h * model.text_tokens  # cross-attention scores and PV
@@ -179,6 +182,12 @@ def flops_coefficients(
         act = b * ((6 + 2 * model.kv_fraction) * h + (4 if model.gated_mlp else 2) * f)
         head_bytes = 6 * model.vocab_size  # bf16 logits + fp32 softmax of the loss
         a2a = 4 * h * b
+        calls = 4
+    elif model.kind == "3d":
+        head_flops = 2 * h * 64  # final projection to patch channels (64 in all four presets)
+        act = dit3d.activation_bytes(model)
+        head_bytes = 4 * h * b
+        a2a = 4 * h * b  # Ulysses' q, k, v and output of the (self-)attention, as 1D
         calls = 4
     else:
         head_flops = 2 * h * 64  # final projection to patch channels

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..batch import Batch, Sequence
 from ..errors import DcpOptError
+from . import dit3d
 from .coeffs import windowed_quad
 
 
@@ -19,7 +20,7 @@ class Features:
 
     def features(self, seq: Sequence) -> np.ndarray:
         """Additive features of one sequence: [Q_b for each block type..., T, S]."""
-        if (seq.kind == "1d") != (self.model.kind == "1d"):
+        if seq.kind != self.model.input_kind:
             raise DcpOptError(
                 f"sequence {seq.id}: a {seq.kind} shape {seq.shape} does not fit the "
                 f"{self.model.kind} model {self.model.name!r}"
@@ -27,6 +28,8 @@ class Features:
         t = float(seq.num_tokens)
         if self.model.kind == "1d":
             return np.array([self._quad_1d(t), t, 1.0])
+        if self.model.kind == "3d":  # one full-attention block per layer (cost/dit3d.py)
+            return np.array([dit3d.quad(t, self.model), t, 1.0])
         fr, sp = float(seq.frames), float(seq.spatial_tokens)
         return np.array([fr * sp * sp, sp * fr * fr, t, 1.0])
 
@@ -51,6 +54,9 @@ class Features:
             return np.stack([self._quad_1d(t), t, np.ones_like(t)], axis=1)
         # the same columns as features(), for every row at once
         fr, sp = x[:, 0], x[:, 1] * x[:, 2]
+        if self.model.kind == "3d":
+            t = fr * sp
+            return np.stack([dit3d.quad(t, self.model), t, np.ones_like(t)], axis=1)
         return np.stack([fr * sp * sp, sp * fr * fr, fr * sp, np.ones_like(fr)], axis=1)
 
     def batch_rows(self, batch: Batch) -> dict[int, int]:
