@@ -233,8 +233,9 @@ def check_supported(model: nn.Module) -> Family:
         proc = attn.processor
         if type(proc).__name__ != family.processor:
             _refuse(key, type(proc).__name__, family.processor, "its attention is not verified")
-        if getattr(proc, "_attention_backend", None) not in (None, "native"):
-            _refuse(f"{key}._attention_backend", proc._attention_backend, "None", "not native")
+        backend = getattr(proc, "_attention_backend", None)  # set_attention_backend's
+        if backend not in (None, "native"):
+            _refuse(f"{key}._attention_backend", backend, "None", "not the native backend")
         if getattr(proc, "_parallel_config", None) is not None:
             _refuse(f"{key}._parallel_config", "set", "None", "diffusers' own parallelism is on")
     return family

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-pytest.importorskip("diffusers")  # the `video` extra; scripts/test.sh installs it
-
-from dcp_opt.runtime import SPState, execute_step  # noqa: E402
-from dcp_opt.runtime.diffusers import (  # noqa: E402
+from dcp_opt.runtime import SPState, execute_step
+from dcp_opt.runtime.diffusers import (
     DiffusersTask,
+    UnsupportedModelError,
     parallelize_diffusers,
 )
-from dcp_opt.runtime.testing import (  # noqa: E402
+from dcp_opt.runtime.testing import (
     DistWorkers,
     flat_grads,
     reference_step,
 )
 
-from dcp_opt import Batch, Cluster, CostModel, ModelSpec, make_plan, validate  # noqa: E402
-from dcp_opt.plan import Group, MicroBatch, Plan  # noqa: E402
+from dcp_opt import Batch, Cluster, CostModel, ModelSpec, make_plan, validate
+from dcp_opt.plan import Group, MicroBatch, Plan
 
 TASK = DiffusersTask(seed=5)
 C, TEXT_DIM, POOLED = 4, 16, 8
@@ -172,3 +170,97 @@ def test_plan_step_equals_single_process_training(workers, name):
         err = grad_error(grads, want)
         assert err <= TOL[name], f"{name} world {workers.world_size}: gradient error {err:.3e}"
         print(f"{name} world {workers.world_size}: max relative gradient error {err:.2e}")
+
+
+# ---- refusals: named field, model unchanged ------------------------------------------------
+def snapshot(model) -> tuple:
+    """Everything parallelize_diffusers could change: weights, processors, hooks, forwards."""
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    procs = dict(model.attn_processors)
+    hooks = [
+        (len(m._forward_pre_hooks), len(m._forward_hooks), "forward" in vars(m))
+        for m in model.modules()
+    ]
+    return weights, procs, hooks
+
+
+def assert_unchanged(model, before) -> None:
+    weights, procs, hooks = snapshot(model)
+    assert weights.keys() == before[0].keys()
+    assert all(torch.equal(weights[k], before[0][k]) for k in weights)
+    assert all(procs[k] is before[1][k] for k in procs) and procs.keys() == before[1].keys()
+    assert hooks == before[2]
+
+
+def refused(model, match: str) -> None:
+    before = snapshot(model)
+    with pytest.raises(UnsupportedModelError, match=match):
+        parallelize_diffusers(model, SPState(), sync_weights=False)
+    assert_unchanged(model, before)
+
+
+def test_an_unverified_family_is_refused():
+    import diffusers
+
+    model = diffusers.SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=C, num_layers=1, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=TEXT_DIM, caption_projection_dim=16,
+        pooled_projection_dim=POOLED, out_channels=C, pos_embed_max_size=8,
+    )  # fmt: skip
+    refused(model, r"model: 'SD3Transformer2DModel' not supported .* allowed: \[")
+
+
+def test_wan_image_to_video_inputs_are_refused():
+    import diffusers
+
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=C,
+        out_channels=C, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=24, num_layers=1,
+        image_dim=8, added_kv_proj_dim=24,
+    )  # fmt: skip
+    refused(model, "image_dim: 8 not supported")
+
+
+def test_another_processor_is_refused():
+    from diffusers.models.transformers.transformer_flux import FluxIPAdapterAttnProcessor
+
+    model = make_model("flux")
+    procs = dict(model.attn_processors)
+    key = "transformer_blocks.0.attn.processor"
+    procs[key] = FluxIPAdapterAttnProcessor(24, 24, num_tokens=(4,), scale=1.0).double()
+    model.set_attn_processor(procs)
+    refused(
+        model, rf"{key}: 'FluxIPAdapterAttnProcessor' not supported.*allowed: FluxAttnProcessor"
+    )
+
+
+def test_diffusers_own_checkpointing_and_a_second_call_are_refused():
+    model = make_model("hunyuan")
+    model.enable_gradient_checkpointing()
+    refused(model, "gradient_checkpointing: True not supported")
+    model.disable_gradient_checkpointing()
+    parallelize_diffusers(model, SPState(), sync_weights=False)
+    refused(model, "model: 'HunyuanVideoTransformer3DModel' not supported .*already")
+
+
+def test_dropout_is_refused():
+    model = make_model("wan")
+    model.blocks[0].ffn.net[1] = torch.nn.Dropout(0.1)  # where a config's dropout would sit
+    refused(model, r"dropout \(module blocks.0.ffn.net.1\): 0.1 not supported")
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"dropout_p": 0.1}, "dropout_p: 0.1"),
+        ({"is_causal": True}, "is_causal"),
+        ({"attn_mask": torch.tensor([True, False])}, "attention_mask: padded captions"),
+    ],
+)
+def test_an_sdpa_call_it_cannot_run_exactly_raises(kw, match):
+    from dcp_opt.runtime.diffusers import ShardRecord, UlyssesSDPA
+
+    q = torch.zeros(1, 2, 2, 4)
+    mode = UlyssesSDPA(SPState(), ShardRecord(), ("video",), cross=False)
+    with pytest.raises(ValueError, match=match), mode:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, **kw)
