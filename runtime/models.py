@@ -435,6 +435,11 @@ def model_spec(
     included."""
     if dtype is not None and dtype_bytes is not None:
         raise ValueError("dtype / dtype_bytes: give at most one of them")
+    if not isinstance(cfg, (LMConfig, DiTConfig, TinyLM, TinyDiT)):
+        raise ValueError(
+            f"cfg: {type(cfg).__name__} not allowed; allowed: LMConfig, DiTConfig, TinyLM, "
+            "TinyDiT (the 3-D full-attention DiTs are not a 1d / 2d ModelSpec)"
+        )
     model = cfg if isinstance(cfg, (TinyLM, TinyDiT)) else None
     if model is not None:
         cfg = model.cfg

@@ -150,6 +150,11 @@ def test_another_caption_changes_only_its_own_sample():
     assert moved == [False, True, False]
 
 
+def test_a_config_without_a_3d_rope_width_is_refused():
+    with pytest.raises(ValueError, match="hidden: 24 with num_heads 3"):
+        Full3DConfig(hidden=24, num_heads=3)
+
+
 def test_layout_of_another_degree_is_refused():
     layout = JointLayout(((1, 2, 2),), (3,), degree=2, rank=0)
     q = torch.zeros(layout.text_shard + layout.video_shard, 2, 4)
@@ -164,3 +169,10 @@ def test_layout_of_another_degree_is_refused():
 def test_bad_layouts_name_the_field(shapes, texts, match):
     with pytest.raises(ValueError, match=match):
         JointLayout(shapes, texts)
+
+
+def test_model_spec_refuses_a_3d_model_by_name():
+    from dcp_opt.runtime.models import model_spec
+
+    with pytest.raises(ValueError, match="cfg: TinyWanDiT not allowed"):
+        model_spec(TinyWanDiT(CFG))
