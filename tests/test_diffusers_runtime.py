@@ -10,11 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from dcp_opt.runtime import SPState, execute_step
-from dcp_opt.runtime.diffusers import (
-    DiffusersTask,
-    UnsupportedModelError,
-    parallelize_diffusers,
-)
+from dcp_opt.runtime.diffusers import UnsupportedModelError, parallelize_diffusers
+from dcp_opt.runtime.diffusers_task import DiffusersTask
 from dcp_opt.runtime.testing import (
     DistWorkers,
     flat_grads,
