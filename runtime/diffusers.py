@@ -15,7 +15,7 @@ Citations are to diffusers v0.42.1, src/diffusers/.
 - Attention: every attention module keeps its own processor class, wrapped through the
   public processor API (`AttentionMixin.set_attn_processor`, models/attention.py:64) in a
   subclass whose `__call__` runs the family's own `__call__` under `UlyssesSDPA`: the native
-  backend's one `scaled_dot_product_attention` call (models/attention_dispatch.py:3759-3770,
+  backend's one `scaled_dot_product_attention` call (models/attention_dispatch.py:3760,
   reached through `dispatch_attention_fn`, :400) becomes Ulysses (runtime/sp.py) over the
   active group, with padded keys dropped, so each real query sees exactly the keys of
   single-process training. diffusers has no public way to add a backend (`dispatch_attention_fn`
@@ -68,13 +68,13 @@ FAMILIES = {
     "HunyuanVideoTransformer3DModel": Family(
         "HunyuanVideoAttnProcessor2_0",
         ("transformer_blocks", "single_transformer_blocks"),
-        ("video", "text"),  # processor: torch.cat([query, encoder_query]) (:120-122)
+        ("video", "text"),  # transformer_hunyuan_video.py:127-129
         (("image_condition_type", None),),
     ),
     "FluxTransformer2DModel": Family(
         "FluxAttnProcessor",
         ("transformer_blocks", "single_transformer_blocks"),
-        ("text", "video"),  # processor: torch.cat([encoder_query, query]) (:114-116)
+        ("text", "video"),  # transformer_flux.py:113-115, 218
     ),
 }
 
