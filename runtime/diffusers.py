@@ -302,6 +302,8 @@ def _add_split_hooks(model: nn.Module, name: str, state: SPState, record: ShardR
                 ("hidden_states", 1, "video"), ("encoder_hidden_states", 1, "text"),
                 ("img_ids", 0, "video"), ("txt_ids", 0, "text"),
             ):  # fmt: skip
+                if kwargs.get(key) is None:
+                    raise ValueError(f"{key}: pass it by keyword (the hook splits it); got none")
                 kwargs[key] = split(kwargs[key], dim, stream)
             return args, kwargs
 
