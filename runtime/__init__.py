@@ -16,17 +16,19 @@ from .executor import (
     sum_gradients,
 )
 from .groups import GroupPool, runtime_cluster
-from .models import DiTConfig, LMConfig, TinyDiT, TinyLM
+from .models import DiTConfig, Full3DConfig, LMConfig, TinyDiT, TinyLM, TinyMMDiT, TinyWanDiT
 from .parallelize import SPState, parallelize
 from .replicas import ReplicaMismatchWarning, sync_replicas
 from .sharding import Sharding, ShardingModeError, shard
 from .sp import SPGroup, all_to_all, ulysses_attention
-from .tasks import DiffusionTask, LMTask, seeded_generator
+from .tasks import DiffusionTask, JointDiffusionTask, LMTask, seeded_generator
 
 __all__ = [
     "DiTConfig",
     "DiffusionTask",
+    "Full3DConfig",
     "GroupPool",
+    "JointDiffusionTask",
     "LMConfig",
     "LMTask",
     "MicroBatchOutOfMemoryError",
@@ -39,6 +41,8 @@ __all__ = [
     "StepReport",
     "TinyDiT",
     "TinyLM",
+    "TinyMMDiT",
+    "TinyWanDiT",
     "all_to_all",
     "check_same_plan",
     "execute_step",

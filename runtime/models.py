@@ -19,6 +19,7 @@ from torch import nn
 from dcp_opt.model import ModelSpec
 
 from .attention import packed_attention, segment_attention
+from .joint import JointLayout, cross_attention, joint_attention
 from .video import PackedRows, VideoLayout, to_spatial, to_temporal
 
 
@@ -215,6 +216,195 @@ class TinyDiT(nn.Module):
         return self.out(self.norm(h))
 
 
+@dataclass(frozen=True)
+class Full3DConfig:
+    """A tiny 3-D full-attention video DiT: `num_double` double-stream blocks then
+    `num_single` single-stream blocks (TinyMMDiT), or `num_double + num_single` Wan blocks
+    (TinyWanDiT). hidden / num_heads must be a multiple of 6 (3-D RoPE: frame, row, column)."""
+
+    in_channels: int = 4
+    hidden: int = 24
+    num_heads: int = 4
+    num_double: int = 1
+    num_single: int = 1
+    ffn_hidden: int = 32
+    text_dim: int = 8
+
+    def __post_init__(self):
+        if self.hidden % self.num_heads or (self.hidden // self.num_heads) % 6:
+            raise ValueError(
+                f"hidden: {self.hidden} with num_heads {self.num_heads}; allowed: a head "
+                "width (hidden / num_heads) that is a multiple of 6 (3-D RoPE)"
+            )
+
+
+def rope3d(x: torch.Tensor, pos: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """3-D RoPE (Wan, HunyuanVideo): the head dim in three parts rotated by frame, row and
+    column; x [T, H, Dh], pos three [T] index tensors."""
+    parts = x.chunk(3, dim=-1)
+    return torch.cat([rope(p, i, 10000.0) for p, i in zip(parts, pos, strict=True)], dim=-1)
+
+
+def modulate(x, shift, scale):
+    """adaLN (Peebles & Xie 2023, DiT, sec. 3.2): per-token shift and scale."""
+    return x * (1 + scale) + shift
+
+
+class Stream(nn.Module):
+    """One stream's weights of a 3-D DiT block: adaLN modulation (6 per-token vectors),
+    qkv with RMS qk-norm, attention output and MLP."""
+
+    def __init__(self, cfg: Full3DConfig):
+        super().__init__()
+        self.mod = nn.Linear(cfg.hidden, 6 * cfg.hidden)
+        self.norm1 = nn.LayerNorm(cfg.hidden, elementwise_affine=False)
+        self.attn = SelfAttention(cfg.hidden, cfg.num_heads)
+        self.q_norm = nn.RMSNorm(cfg.hidden // cfg.num_heads)
+        self.k_norm = nn.RMSNorm(cfg.hidden // cfg.num_heads)
+        self.norm2 = nn.LayerNorm(cfg.hidden, elementwise_affine=False)
+        self.mlp = MLP(cfg.hidden, cfg.ffn_hidden)
+
+    def qkv(self, h, time, pos=None):
+        mods = self.mod(time).chunk(6, dim=-1)
+        q, k, v = self.attn.split(modulate(self.norm1(h), mods[0], mods[1]))
+        q, k = self.q_norm(q), self.k_norm(k)
+        if pos is not None:
+            q, k = rope3d(q, pos), rope3d(k, pos)
+        return (q, k, v), mods
+
+    def finish(self, h, a, mods):
+        h = h + mods[2] * self.attn.out(a.reshape(h.shape))
+        return h + mods[5] * self.mlp(modulate(self.norm2(h), mods[3], mods[4]))
+
+
+class DoubleBlock(nn.Module):
+    """MMDiT double-stream block (Esser et al. 2024, SD3, fig. 2; Flux; HunyuanVideo):
+    text and video tokens have their own weights and meet in one joint attention."""
+
+    def __init__(self, cfg: Full3DConfig):
+        super().__init__()
+        self.text, self.video = Stream(cfg), Stream(cfg)
+        self.attention_fn = joint_attention
+
+    def forward(self, txt, img, ctx):
+        (tq, tk, tv), tmod = self.text.qkv(txt, ctx["text_time"])
+        (vq, vk, vv), vmod = self.video.qkv(img, ctx["time"], ctx["pos"])
+        a = self.attention_fn(
+            *(torch.cat(p) for p in ((tq, vq), (tk, vk), (tv, vv))), ctx["layout"]
+        )
+        n = txt.shape[0]
+        return self.text.finish(txt, a[:n], tmod), self.video.finish(img, a[n:], vmod)
+
+
+class SingleBlock(nn.Module):
+    """MMDiT single-stream block (Flux, HunyuanVideo): shared weights over the joint stream."""
+
+    def __init__(self, cfg: Full3DConfig):
+        super().__init__()
+        self.stream = Stream(cfg)
+        self.attention_fn = joint_attention
+
+    def forward(self, txt, img, ctx):
+        h, n = torch.cat([txt, img]), txt.shape[0]
+        time = torch.cat([ctx["text_time"], ctx["time"]])
+        qkv, mods = self.stream.qkv(h, time, ctx["joint_pos"])
+        h = self.stream.finish(h, self.attention_fn(*qkv, ctx["layout"]), mods)
+        return h[:n], h[n:]
+
+
+class WanBlock(nn.Module):
+    """Wan 2.1 block (Wan team 2025, sec. 3.1.2): adaLN-modulated 3-D self-attention over the
+    video tokens, cross-attention to the caption, MLP."""
+
+    def __init__(self, cfg: Full3DConfig):
+        super().__init__()
+        self.stream = Stream(cfg)
+        self.norm_x = nn.LayerNorm(cfg.hidden)
+        self.cross = nn.ModuleDict(
+            {
+                "q": nn.Linear(cfg.hidden, cfg.hidden, bias=False),
+                "kv": nn.Linear(cfg.hidden, 2 * cfg.hidden, bias=False),
+                "out": nn.Linear(cfg.hidden, cfg.hidden, bias=False),
+            }
+        )
+        self.num_heads = cfg.num_heads
+        self.attention_fn = joint_attention
+
+    def forward(self, txt, img, ctx):
+        qkv, mods = self.stream.qkv(img, ctx["time"], ctx["pos"])
+        a = self.attention_fn(*qkv, ctx["layout"])
+        h = img + mods[2] * self.stream.attn.out(a.reshape(img.shape))
+        cq = self.cross["q"](self.norm_x(h)).reshape(h.shape[0], self.num_heads, -1)
+        ck, cv = self.cross["kv"](txt).reshape(txt.shape[0], 2, self.num_heads, -1).unbind(1)
+        h = h + self.cross["out"](cross_attention(cq, ck, cv, ctx["layout"]).reshape(h.shape))
+        return txt, h + mods[5] * self.stream.mlp(modulate(self.stream.norm2(h), mods[3], mods[4]))
+
+
+class Full3DDiT(nn.Module):
+    """Video diffusion transformer with full attention over all F x H x W tokens of a sample
+    (runtime/joint.py): predicts the noise of latent videos / images at their timesteps.
+
+    - One sample (layout None): x [F, H, W, C_in], t a scalar, text [Tt, text_dim]; returns
+      [F, H, W, C_in].
+    - A packed micro-batch (joint.JointLayout, this member's share): x [Lv, C_in] (its video
+      shard), t [V], text [sum Tt, text_dim] (every caption, back to back); returns [Lv, C_in].
+    `joint`: text tokens join the attention sequence (MMDiT) or are cross-attention keys."""
+
+    joint = True
+
+    def __init__(self, cfg: Full3DConfig, blocks):
+        super().__init__()
+        self.cfg = cfg
+        self.inp = nn.Linear(cfg.in_channels, cfg.hidden)
+        self.time = MLP(cfg.hidden, cfg.hidden)
+        self.text = nn.Linear(cfg.text_dim, cfg.hidden)
+        self.layers = nn.ModuleList(blocks)
+        self.norm = nn.LayerNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.in_channels)
+
+    def forward(self, x, t, text, layout: JointLayout | None = None):
+        if layout is None:
+            shape = (tuple(x.shape[:3]),)
+            one = JointLayout(shape, (text.shape[0],), joint=self.joint, device=x.device)
+            return self.forward(x.reshape(-1, x.shape[-1]), t.reshape(1), text, one).reshape(
+                x.shape
+            )
+        idx = layout.index
+        time = self.time(sinusoid(t * 1000.0, self.cfg.hidden, x.dtype))
+        txt = self.text(layout.shard(text, layout.text_shard) if self.joint else text)
+        pos = (idx["frame"], idx["row"], idx["col"])
+        ctx = {"layout": layout, "time": time[idx["sample"]], "pos": pos}
+        ctx["text_time"] = time[idx["text_sample"]]
+        # text tokens sit at position 0 of every axis (Flux's txt_ids): RoPE leaves them be
+        zeros = idx["text_sample"].new_zeros(layout.text_shard)
+        ctx["joint_pos"] = tuple(torch.cat([zeros, p]) for p in pos)
+        img = self.inp(x)
+        for layer in self.layers:
+            txt, img = layer(txt, img, ctx)
+        return self.out(self.norm(img))
+
+
+class TinyMMDiT(Full3DDiT):
+    """MMDiT (SD3, Flux, HunyuanVideo, Open-Sora 2.0): double-stream then single-stream
+    blocks, text joined to the video tokens' attention sequence."""
+
+    joint = True
+
+    def __init__(self, cfg: Full3DConfig = Full3DConfig()):
+        blocks = [DoubleBlock(cfg) for _ in range(cfg.num_double)]
+        super().__init__(cfg, blocks + [SingleBlock(cfg) for _ in range(cfg.num_single)])
+
+
+class TinyWanDiT(Full3DDiT):
+    """Wan-style DiT: 3-D self-attention over the video tokens, cross-attention to a fixed
+    length caption."""
+
+    joint = False
+
+    def __init__(self, cfg: Full3DConfig = Full3DConfig()):
+        super().__init__(cfg, [WanBlock(cfg) for _ in range(cfg.num_double + cfg.num_single)])
+
+
 # Compute dtypes by name (runtime/sharding.py's `dtype` vocabulary, plus fp16 and fp64).
 DTYPE_BYTES = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -248,6 +438,11 @@ def model_spec(
     included."""
     if dtype is not None and dtype_bytes is not None:
         raise ValueError("dtype / dtype_bytes: give at most one of them")
+    if not isinstance(cfg, (LMConfig, DiTConfig, TinyLM, TinyDiT)):
+        raise ValueError(
+            f"cfg: {type(cfg).__name__} not allowed; allowed: LMConfig, DiTConfig, TinyLM, "
+            "TinyDiT (the 3-D full-attention DiTs are not a 1d / 2d ModelSpec)"
+        )
     model = cfg if isinstance(cfg, (TinyLM, TinyDiT)) else None
     if model is not None:
         cfg = model.cfg

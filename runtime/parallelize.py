@@ -17,7 +17,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import segment_attention
 from .cp import cp_attention
-from .models import DiTLayer, LMBlock, TinyDiT, TinyLM
+from .joint import joint_attention
+from .models import DiTLayer, Full3DDiT, LMBlock, TinyDiT, TinyLM
 from .replicas import sync_replicas
 from .ring import ring_attention
 from .sp import SPGroup, ulysses_attention
@@ -48,19 +49,24 @@ class SPState:
 
 
 def parallelize(model: nn.Module, state: SPState, *, sync_weights: bool = True) -> nn.Module:
-    """Make `model` (TinyLM or TinyDiT) run under `state` in place, and return it.
+    """Make `model` (TinyLM, TinyDiT or a Full3DDiT) run under `state` in place, and return it.
 
     Collective under torch.distributed (every rank calls it at the same point): with
     `sync_weights` every rank then holds rank 0's weights (runtime/replicas.py: a checksum
     all-reduce, a broadcast and a warning only when they differed)."""
-    if not isinstance(model, (TinyLM, TinyDiT)):
-        raise ValueError(f"model: {type(model).__name__} not supported; allowed: TinyLM, TinyDiT")
+    if not isinstance(model, (TinyLM, TinyDiT, Full3DDiT)):
+        raise ValueError(
+            f"model: {type(model).__name__} not supported; allowed: TinyLM, TinyDiT, "
+            "TinyMMDiT, TinyWanDiT"
+        )
     if sync_weights:
         sync_replicas(model)
     if isinstance(model, TinyLM):
         _parallelize_lm(model, state)
-    else:
+    elif isinstance(model, TinyDiT):
         _parallelize_dit(model, state)
+    else:
+        _parallelize_full3d(model, state)
     for i, layer in enumerate(model.layers):
         _checkpoint_layer(layer, i, state)
     return model
@@ -98,6 +104,15 @@ def _parallelize_dit(model: TinyDiT, state: SPState) -> None:
         assert isinstance(layer, DiTLayer)
         layer.to_temporal = switch_to_temporal
         layer.to_spatial = switch_to_spatial
+
+
+def _parallelize_full3d(model: Full3DDiT, state: SPState) -> None:
+    # Ulysses over the joint sequence (runtime/joint.py) on the active group.
+    def attention(q, k, v, layout):
+        return joint_attention(q, k, v, layout, state.sp)
+
+    for block in model.layers:
+        block.attention_fn = attention
 
 
 def _checkpoint_layer(layer: nn.Module, index: int, state: SPState) -> None:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .cp import shard_for_group
+from .joint import JointLayout
 from .parallelize import SPState
 from .sp import pad_dim, shard_bounds
 from .video import VideoLayout
@@ -143,3 +144,37 @@ class DiffusionTask:
         out = model(xt, t, sample["text"].to(dev))
         per_token = ((out - eps) ** 2).mean(-1)
         return per_token.sum() * token_weight(kind, per_token.numel())
+
+
+@dataclass(frozen=True)
+class JointDiffusionTask(DiffusionTask):
+    """DiffusionTask for the 3-D full-attention DiTs (runtime/models.py Full3DDiT: TinyMMDiT,
+    TinyWanDiT). A sample is {"x": latent [F, H, W, C] (an image: F = 1), "text":
+    [Tt, text_dim]}; noise and timestep as DiffusionTask, from (step, sequence id). A
+    micro-batch of images and videos of any shapes is one packed stream, each member
+    holding a contiguous shard of it (runtime/joint.py)."""
+
+    def run(self, model, samples, state: SPState, *, step: int, kind: str, scale: float):
+        sp, dev = state.sp, next(model.parameters()).device
+        drawn = [self.noise(sample, step, sid) for sid, sample in samples]
+        texts = [sample["text"] for _, sample in samples]
+        layout = JointLayout(
+            tuple(tuple(xt.shape[:3]) for _, _, xt in drawn),
+            tuple(txt.shape[0] for txt in texts),
+            joint=model.joint, degree=sp.degree, rank=sp.rank, device=dev,
+        )  # fmt: skip
+        lv, c = layout.video_shard, drawn[0][2].shape[-1]
+        x = layout.shard(torch.cat([xt.reshape(-1, c) for _, _, xt in drawn]), lv)
+        eps = layout.shard(torch.cat([e.reshape(-1, c) for _, e, _ in drawn]), lv)
+        weights = [
+            torch.full((n,), token_weight(kind, n), dtype=torch.float64)
+            for n in layout.video_tokens
+        ]
+        w = layout.shard(torch.cat(weights), lv).to(device=dev)
+        ts = torch.stack([t for t, _, _ in drawn]).to(dev)
+        out = model(x.to(dev), ts, torch.cat(texts).to(dev), layout)
+        per_token = ((out - eps.to(dev)) ** 2).mean(-1)
+        # padding weighs 0 and stays in the graph: every member runs the same collectives
+        loss = (per_token * w.to(out.dtype)).sum() * scale
+        loss.backward()
+        return loss.detach().to(torch.float64)
