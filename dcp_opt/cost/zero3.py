@@ -77,25 +77,26 @@ def state_parts(model, s: int) -> dict[str, float]:
     """Model-state bytes per unit under per-layer zero3 over s units at the peak of a
     micro-step, by part; c = the compute dtype's bytes (model.dtype_bytes, 2 for bf16):
     - sharded: 16 B / s per parameter: fp32 master 4, fp32 gradient shard 4, Adam 8;
-    - in flight, as measured (docs/architecture.md, "ZeRO-3 per layer", the peak inside a
-      micro-step: bench_memory.py --shard-domains 2 4 sampled at every collective, exactly
-      `16 P / s + c (P_root + P_head) + (c + 4) P_layer`; tests/test_zero3_memory.py holds
-      the between-micro-step 16 P / s): the root unit's gathered parameters c P_root (held
-      from the head's backward to the end of the micro-step) and the head's compute-dtype
-      gradients c P_head (waiting for the root's reduce-scatter); at layer i's backward,
-      layer i - 1 gathered by FSDP2's default backward prefetch (the runtime sets no
-      prefetch of its own) c P_layer, with layer i's fp32 reduce-scatter input 4 P_layer,
-      or, between two collectives, layer i's parameters and compute-dtype gradients 2 c
-      P_layer (the same 6 P_layer in bf16; the larger is charged);
-    - or, where larger, the root's own reduce-scatter copy-in: its compute-dtype gradients
-      and their fp32 copy, (c + 4) P_root (the root's parameters already resharded).
-    Forward holds less: the current and the prefetched layer, 2 c P_layer."""
+    - in flight in backward (docs/cost-model.md, "ZeRO-3 per layer", with the measurement it
+      rests on): the root unit's gathered parameters c P_root (held from the head's backward
+      to the end of the micro-step) and the head's compute-dtype gradients c P_head (waiting
+      for the root's reduce-scatter); at layer i's reduce-scatter copy-in, layer i - 1
+      gathered by FSDP2's default backward prefetch (the runtime sets none of its own)
+      c P_layer, layer i's compute-dtype gradients c P_layer and their fp32 reduce-scatter
+      input 4 P_layer (FSDP2's foreach_reduce frees the gradients only after the copy-in),
+      or, if larger, between two collectives layer i's parameters and gradients and the
+      prefetched layer, 3 c P_layer;
+    - or, if larger, the root's own copy-in, (c + 4) P_root (its parameters resharded).
+    Forward holds less: the current and the prefetched layer, 2 c P_layer. Sampled at every
+    collective call, the runtime's peak is this less the copy-in's c P_layer of gradients
+    (freed before the reduce-scatter call): tests/test_units.py checks both."""
     p, lp, rp = model.total_params, layer_params(model), root_params(model)
     c = float(model.dtype_bytes)
-    layer_peak = c * (rp + head_params(model)) + max(c + REDUCE_BYTES, 3 * c) * lp
+    per_layer = max(2 * c + REDUCE_BYTES, 3 * c)
+    layer_peak = c * (rp + head_params(model)) + per_layer * lp
     root_peak = (c + REDUCE_BYTES) * rp
-    if layer_peak >= root_peak:  # gathered: the root, one or two layers; the rest gradients
-        w = c * (rp + (2 if 3 * c > c + REDUCE_BYTES else 1) * lp)
+    if layer_peak >= root_peak:  # gathered: the root, one layer (two if 3 c is the larger)
+        w = c * (rp + (2 if 3 * c > 2 * c + REDUCE_BYTES else 1) * lp)
         g = layer_peak - w
     else:
         w, g = 0.0, root_peak
