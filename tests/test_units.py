@@ -4,6 +4,7 @@ planner side of issue 26 (dcp_opt/cost/units.py, dcp_opt/cost/zero3.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -337,7 +338,8 @@ def test_cli_without_a_mode_takes_the_least_sharded_that_fits(tmp_path, capsys):
 
     out = tmp_path / "plan.json"
     lengths = _cli_lengths(tmp_path, [96593, 40000, 9000, 4000, 2000, 800])
-    args = ["plan", "--lengths", lengths, "--model", "examples/llama70b.json"]
+    llama70b = str(Path(__file__).parents[1] / "examples" / "llama70b.json")
+    args = ["plan", "--lengths", lengths, "--model", llama70b]
     args += ["--cluster", "h100x64", "--tp", "8"]
     assert main([*args, "--out", str(out)]) == 0
     err = capsys.readouterr().err
@@ -350,7 +352,7 @@ def test_cli_without_a_mode_takes_the_least_sharded_that_fits(tmp_path, capsys):
     assert (plan.optimizer_sharding, plan.shard_domain, plan.tensor_parallel) == ("zero3", 4, 8)
     assert plan.fingerprint_inputs["optimizer_sharding"] == "zero3"
     # simulate and show read the mode from the plan
-    common = ["--lengths", lengths, "--model", "examples/llama70b.json"]
+    common = ["--lengths", lengths, "--model", llama70b]
     assert main(["simulate", str(out), *common]) == 0
     assert "step sync   zero3:" in capsys.readouterr().out
     # a mode the user gives is kept: zero1's error stays
