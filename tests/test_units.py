@@ -280,7 +280,7 @@ def test_model_states_error_says_what_to_change():
     assert "parameters 141.1 GB, gradients 282.2 GB, optimizer states 13.2 GB" in text
     assert "capacity 72.0 GB" in text
     # the least TP under zero1's schedule: t = 8 gives (6 + 12/8) P / 8 = 66.1 GB + 4 GB
-    # reserved < 72; the least zero3 domain: 16 P / 32 + in flight 11.2 GB + 4 < 72 (16: 86 GB)
+    # reserved < 72; the least zero3 domain: 16 P / 32 + in flight 13.2 GB + 4 < 72 (16: 88 GB)
     assert "Needs --tp 8, or --optimizer-sharding zero3 --shard-domain 32" in text
 
 
@@ -321,7 +321,7 @@ def test_cli_zero3_without_a_domain_takes_the_least_that_fits(tmp_path, capsys):
     lengths = _cli_lengths(tmp_path, [9000, 4000, 2000, 1000])
     args = ["plan", "--lengths", lengths, "--model", "llama3-70b", "--cluster", "h100x64"]
     assert main([*args, "--optimizer-sharding", "zero3", "--out", str(out)]) == 0
-    # 16 P / 16 + 11.2 GB in flight + 4 GB > 72 GB; at 32: 35.3 + 11.2 + 4 = 50.4 GB
+    # 16 P / 16 + 13.2 GB in flight + 4 GB > 72 GB; at 32: 35.3 + 13.2 + 4 = 52.4 GB
     assert "shard domains of 32 units" in capsys.readouterr().err
     assert Plan.from_json(out.read_text()).shard_domain == 32
     assert main([*args, "--tp", "3"]) == 2
