@@ -362,6 +362,9 @@ def test_cli_without_a_mode_takes_the_least_sharded_that_fits(tmp_path, capsys):
     assert main([*args, "--shard-domain", "8", "--out", str(out)]) == 0
     assert "optimizer sharding:" not in capsys.readouterr().err
     assert Plan.from_json(out.read_text()).shard_domain == 8
+    # --pp: the stages hold 1/p of the states; the pipeline planner checks them, nothing chosen
+    main(["plan", "--lengths", lengths, "--model", llama70b, "--cluster", "h100x64", "--pp", "4"])
+    assert "optimizer sharding:" not in capsys.readouterr().err
 
 
 def test_cli_without_a_mode_keeps_zero1_where_it_fits(tmp_path, capsys):

@@ -159,7 +159,7 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     )
     if args.profile:
         profile_warning(args.profile, cluster)
-    if plan is None:
+    if plan is None and getattr(args, "pp", None) is None:  # a pipeline's stages hold 1/p
         cost = auto_sharding(
             cost,
             batch,
