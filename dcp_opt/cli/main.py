@@ -104,7 +104,8 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         "--optimizer-sharding",
         default=None,
         choices=SHARDING_MODES,
-        help="default zero1 (simulate, show: the plan's own)",
+        help="default: plan takes the least sharded that fits (zero1, zero2, zero3, then zero3 "
+        "per layer over the least --shard-domain) and says so; simulate, show: the plan's own",
     )
     add_layout_args(p)
     add_sp_kinds(p, default=None if from_plan else "ulysses")
