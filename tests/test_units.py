@@ -4,6 +4,7 @@ planner side of issue 26 (dcp_opt/cost/units.py, dcp_opt/cost/zero3.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from dcp_opt.batch import Batch
 from dcp_opt.build import make_plan
 from dcp_opt.cluster import Cluster
 from dcp_opt.cost import zero3
-from dcp_opt.cost.units import tp_comm_per_layer
+from dcp_opt.cost.units import tp_comm_outside_layers, tp_comm_per_layer, tp_step_time
 from dcp_opt.errors import DcpOptError, InfeasibleError
 from dcp_opt.model import ModelSpec, model_preset
 from dcp_opt.plan import Group, MicroBatch
@@ -80,8 +81,24 @@ def test_tp_charges_by_hand():
     assert c2[0] - consts == pytest.approx((c1[0] - consts) / 2, rel=1e-12)
     # TP collectives at degree 1: 2 passes x L layers x 4 calls x ((t-1)/t x s h b / bw + lat)
     per_call = 0.5 * 4096 * 512 * 2 / 100e9 + 5e-6
-    assert m2[0] == pytest.approx(2 * L * 4 * per_call, rel=1e-12)
+    # + outside the layers (tests/test_tensor_parallel_traffic.py): 4 calls of s h b at the
+    # embedding and the head, and the logits' all-gather of s V b (V = 1000)
+    logits = 0.5 * 4096 * 1000 * 2 / 100e9 + 5e-6
+    assert m2[0] == pytest.approx(2 * L * 4 * per_call + 4 * per_call + logits, rel=1e-12)
     assert tp_comm_per_layer(one, 4096, 1) == 0.0
+    assert tp_comm_outside_layers(one, 4096, 1) == 0.0
+    # at degree 2 the unit's local tokens halve: s = 2048
+    half = 0.5 * 2048 * 512 * 2 / 100e9 + 5e-6
+    assert tp_comm_outside_layers(two, 4096, 2) == pytest.approx(
+        4 * half + 0.5 * 2048 * 1000 * 2 / 100e9 + 5e-6, rel=1e-12
+    )
+    # per step: one all-reduce of h fp32 values per norm weight (2 L + 1 norms), a ring moving
+    # 2 (t-1)/t of it per GPU + 2 (t-1) latencies, on top of the step's other costs
+    norms = (2 * L + 1) * 2 * (0.5 * 512 * 4 / 100e9 + 5e-6)
+    assert tp_step_time(two) == pytest.approx(norms, rel=1e-12)
+    assert tp_step_time(one) == 0.0
+    bare = two.ring_all_reduce_time() + two.step_overhead_s + two.closing_step_time()
+    assert two.grad_sync_time() == pytest.approx(bare + norms, rel=1e-12)
     # model states per GPU: weights and gradients / t; Adam over the world (12 P / N) as at t=1
     p = MODEL.total_params
     per_gpu = two.model_state_bytes() / 2
@@ -142,8 +159,10 @@ def test_zero3_states_and_gathers_by_hand():
     p, h, v, L = MODEL.total_params, 512, 1000, MODEL.num_layers
     root = 2 * v * h
     layer = (p - root) / L
-    # 16 B / s sharded + two bf16 layers + one fp32 layer gradient + the bf16 root
-    assert cost.model_state_bytes() == pytest.approx(16 * p / 4 + 8 * layer + 2 * root)
+    # 16 B / s sharded + the bf16 root and head gradients + at a layer's reduce-scatter
+    # copy-in the prefetched bf16 layer, its bf16 gradients and their fp32 copy (8 B; more
+    # than the root's own copy-in, 6 B x root, here)
+    assert cost.model_state_bytes() == pytest.approx(16 * p / 4 + 2 * (root + v * h) + 8 * layer)
     # per layer: forward all-gather 2 B, backward 2 + 4 B, (s-1)/s each, inside a node
     g_f, g_b = zero3.layer_gather_times(cost)
     assert g_f == pytest.approx(0.75 * layer * 2 / 100e9 + 3 * 5e-6)
@@ -158,6 +177,32 @@ def test_zero3_states_and_gathers_by_hand():
     assert cost.step_collectives() == {
         "grad_all_reduce_across_domains": pytest.approx(2 * 0.5 * 4 * p / 4)
     }
+
+
+def test_zero3_states_are_the_measured_peak():
+    # docs/architecture.md, "ZeRO-3 per layer": bench_memory's bf16 TinyLM (vocab 512, hidden
+    # 64, 4 layers; P 197,952) at world 4, sampled at every collective call, peaked at
+    # 1,187,200 B (s = 4) and 1,979,008 B (s = 2): 16 P / s + c (P_root + P_head) + (c + 4)
+    # P_layer. The charge adds the copy-in's bf16 gradients of one layer (2 B x P_layer),
+    # alive until FSDP2 has filled the fp32 reduce-scatter input, before the call
+    tiny = ModelSpec("tinylm", "1d", 4, 64, 4, 128, vocab_size=512, num_params=197_952)
+    layer = (197_952 - 2 * 512 * 64) / 4  # the cost model spreads the final norm
+    for s, measured in ((4, 1_187_200), (2, 1_979_008)):
+        cost = CostModel(tiny, CLUSTER.with_(num_nodes=1), optimizer_sharding="zero3")
+        got = cost.with_(shard_domain=s).model_state_bytes()
+        assert abs((got - 2 * layer) / measured - 1) <= 1e-3, (s, got)
+    # fp32 compute (c = 4): between two collectives a layer's parameters, its gradients and
+    # the prefetched layer, 3 c = 12 B per layer parameter, equal 2 c + 4
+    fp32 = ModelSpec("f", "1d", 4, 64, 4, 128, vocab_size=512, num_params=197_952, dtype_bytes=4)
+    parts = zero3.state_parts(fp32, 4)
+    root = 65_536
+    assert sum(parts.values()) == pytest.approx(16 * 197_952 / 4 + 4 * 1.5 * root + 12 * layer)
+    # a root larger than the layers: its own reduce-scatter copy-in, (c + 4) P_root, is the peak
+    wide = ModelSpec("w", "1d", 4, 64, 4, 128, vocab_size=50_000)
+    rp = 2 * 50_000 * 64
+    assert sum(zero3.state_parts(wide, 4).values()) == pytest.approx(
+        16 * wide.total_params / 4 + 6 * rp
+    )
 
 
 def test_simulate_charges_the_padding_of_a_domain():
@@ -235,7 +280,7 @@ def test_model_states_error_says_what_to_change():
     assert "parameters 141.1 GB, gradients 282.2 GB, optimizer states 13.2 GB" in text
     assert "capacity 72.0 GB" in text
     # the least TP under zero1's schedule: t = 8 gives (6 + 12/8) P / 8 = 66.1 GB + 4 GB
-    # reserved < 72; the least zero3 domain: 16 P / 32 + in flight 11.2 GB + 4 < 72 (16: 86 GB)
+    # reserved < 72; the least zero3 domain: 16 P / 32 + in flight 13.2 GB + 4 < 72 (16: 88 GB)
     assert "Needs --tp 8, or --optimizer-sharding zero3 --shard-domain 32" in text
 
 
@@ -276,11 +321,71 @@ def test_cli_zero3_without_a_domain_takes_the_least_that_fits(tmp_path, capsys):
     lengths = _cli_lengths(tmp_path, [9000, 4000, 2000, 1000])
     args = ["plan", "--lengths", lengths, "--model", "llama3-70b", "--cluster", "h100x64"]
     assert main([*args, "--optimizer-sharding", "zero3", "--out", str(out)]) == 0
-    # 16 P / 16 + 11.2 GB in flight + 4 GB > 72 GB; at 32: 35.3 + 11.2 + 4 = 50.4 GB
+    # 16 P / 16 + 13.2 GB in flight + 4 GB > 72 GB; at 32: 35.3 + 13.2 + 4 = 52.4 GB
     assert "shard domains of 32 units" in capsys.readouterr().err
     assert Plan.from_json(out.read_text()).shard_domain == 32
     assert main([*args, "--tp", "3"]) == 2
     assert "tensor_parallel: 3 not allowed" in capsys.readouterr().err
+
+
+def test_cli_without_a_mode_takes_the_least_sharded_that_fits(tmp_path, capsys):
+    # issue 26's acceptance: `plan --model llama70b.json --cluster h100x64 --tp 8` on a real
+    # document batch. zero1's states at t = 8: (2 + 4 + 12 / 64) B x 70.55e9 / 8 = 66.1 GB;
+    # with the 96,593-token document at degree 8 they need 73.8 GB of 72 GB. zero2 and zero3
+    # once per step hold the same; zero3 per layer over 4 units fits: the CLI takes it
+    from dcp_opt.cli import main
+    from dcp_opt.plan import Plan
+
+    out = tmp_path / "plan.json"
+    lengths = _cli_lengths(tmp_path, [96593, 40000, 9000, 4000, 2000, 800])
+    llama70b = str(Path(__file__).parents[1] / "examples" / "llama70b.json")
+    args = ["plan", "--lengths", lengths, "--model", llama70b]
+    args += ["--cluster", "h100x64", "--tp", "8"]
+    assert main([*args, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "optimizer sharding: zero3 per layer over shard domains of 4 units (zero1's model " in err
+    )
+    assert "states 66.1 GB + the longest sequence (96593 tokens) need 73.8 GB of 72.0 GB" in err
+    assert "zero2 and zero3 once per step hold the same" in err
+    plan = Plan.from_json(out.read_text())
+    assert (plan.optimizer_sharding, plan.shard_domain, plan.tensor_parallel) == ("zero3", 4, 8)
+    assert plan.fingerprint_inputs["optimizer_sharding"] == "zero3"
+    # simulate and show read the mode from the plan
+    common = ["--lengths", lengths, "--model", llama70b]
+    assert main(["simulate", str(out), *common]) == 0
+    assert "step sync   zero3:" in capsys.readouterr().out
+    # a mode the user gives is kept: zero1's error stays
+    assert main([*args, "--optimizer-sharding", "zero1"]) == 2
+    assert "sequence 0 (shape (96593,), 96593 tokens) cannot fit" in capsys.readouterr().err
+    # --shard-domain alone is zero3 over that domain, no note
+    assert main([*args, "--shard-domain", "8", "--out", str(out)]) == 0
+    assert "optimizer sharding:" not in capsys.readouterr().err
+    assert Plan.from_json(out.read_text()).shard_domain == 8
+    # --pp: the stages hold 1/p of the states; the pipeline planner checks them, nothing chosen
+    main(["plan", "--lengths", lengths, "--model", llama70b, "--cluster", "h100x64", "--pp", "4"])
+    assert "optimizer sharding:" not in capsys.readouterr().err
+
+
+def test_cli_without_a_mode_keeps_zero1_where_it_fits(tmp_path, capsys):
+    from dcp_opt.cli import main
+    from dcp_opt.plan import Plan
+
+    out = tmp_path / "plan.json"
+    lengths = _cli_lengths(tmp_path, [30000, 9000, 4000])
+    args = ["plan", "--lengths", lengths, "--model", "llama3-8b", "--cluster", "h100x64"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "optimizer sharding:" not in capsys.readouterr().err
+    plan = Plan.from_json(out.read_text())
+    assert (plan.optimizer_sharding, plan.shard_domain) == ("zero1", 0)
+
+
+def test_python_api_keeps_its_mode():
+    # CostModel chooses nothing: zero1 at t = 8 still refuses the long document
+    cost = CostModel(model_preset("llama3-70b"), cluster_preset("h100x64"), tensor_parallel=8)
+    assert (cost.optimizer_sharding, cost.shard_domain) == ("zero1", 0)
+    with pytest.raises(InfeasibleError, match="cannot fit"):
+        cost.check_fits(Batch.from_lengths([96593, 800]))
 
 
 def test_whatif_layouts_sweeps_tp_mode_and_domain(tmp_path, capsys):

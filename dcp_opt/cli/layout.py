@@ -1,5 +1,6 @@
-"""The job's layout on the command line (issue 26): `--tp`, `--shard-domain`, zero3's
-least fitting domain when no domain is given, and `whatif --layouts`."""
+"""The job's layout on the command line (issue 26): `--tp`, `--shard-domain`, the least
+sharded mode that fits when no `--optimizer-sharding` is given, zero3's least fitting domain
+when no domain is given, and `whatif --layouts`."""
 
 from __future__ import annotations
 
@@ -43,13 +44,47 @@ def layout_fields(args: argparse.Namespace, plan: Plan | None) -> dict:
     return {"tensor_parallel": tp, "shard_domain": domain}
 
 
-def auto_shard_domain(cost: CostModel, batch: Batch) -> CostModel:
+def auto_sharding(
+    cost: CostModel, batch: Batch, *, mode_given: bool, domain_given: bool
+) -> CostModel:
+    """`plan` without `--shard-domain`: without `--optimizer-sharding`, the least-sharded
+    setting whose states and longest sequence fit (zero1, zero2, zero3 once per step, then
+    zero3 per layer over the least shard domain; cost/settings.py `least_sharded`), with a
+    note saying which and why; with `--optimizer-sharding zero3`, its least domain
+    (`auto_shard_domain`). Anything else, or nothing that fits, keeps the given setting (the
+    planner's error then names the states or the sequence)."""
+    if domain_given:
+        return cost
+    longest = max(q.num_tokens for q in batch.sequences)
+    if mode_given:
+        return auto_shard_domain(cost, longest)
+    from ..cost.settings import STEP_LEVEL_MODES, least_sharded, shortfall
+
+    chosen = least_sharded(cost, longest)
+    if chosen is None or chosen.optimizer_sharding == cost.optimizer_sharding:
+        return cost
+    what = chosen.optimizer_sharding
+    if chosen.shard_domain:
+        what += f" per layer over shard domains of {chosen.shard_domain} units"
+    modes = STEP_LEVEL_MODES
+    tried = modes[1:] if chosen.shard_domain else modes[1 : modes.index(chosen.optimizer_sharding)]
+    same = [
+        m for m in tried if cost.with_(optimizer_sharding=m).fixed_bytes() == cost.fixed_bytes()
+    ]
+    alike = f"; {' and '.join(same)} once per step hold the same" if same else ""
+    note(
+        f"optimizer sharding: {what} ({cost.optimizer_sharding}'s "
+        f"{shortfall(cost, longest)} per GPU{alike}; --optimizer-sharding to choose)"
+    )
+    return chosen
+
+
+def auto_shard_domain(cost: CostModel, longest: int) -> CostModel:
     """`--optimizer-sharding zero3` without `--shard-domain`: the step-level schedule where
-    the states and the longest sequence fit, else per-layer zero3 over the least shard
-    domain where they do (cost/settings.py; a note says which)."""
+    the states and the longest sequence (`longest` tokens) fit, else per-layer zero3 over the
+    least shard domain where they do (cost/settings.py; a note says which)."""
     from ..cost.settings import fits, least_shard_domain
 
-    longest = max(q.num_tokens for q in batch.sequences)
     if cost.optimizer_sharding != "zero3" or fits(cost, longest):
         return cost
     s = least_shard_domain(cost, longest)

@@ -50,7 +50,7 @@ from . import handoff
 from .args import add_sp_kinds, sp_kinds, split
 from .bench import add_bench_parser
 from .handoff import cluster_choice, model_choice, note, print_violations, profile_warning
-from .layout import add_layout_args, auto_shard_domain, layout_fields, whatif_layouts
+from .layout import add_layout_args, auto_sharding, layout_fields, whatif_layouts
 from .pipeline import add_pp_arguments, pipeline_planner
 from .profile import add_profile_parser
 
@@ -104,7 +104,8 @@ def _add_inputs(p: argparse.ArgumentParser, *, from_plan: bool = False) -> None:
         "--optimizer-sharding",
         default=None,
         choices=SHARDING_MODES,
-        help="default zero1 (simulate, show: the plan's own)",
+        help="default: plan takes the least sharded that fits (zero1, zero2, zero3, then zero3 "
+        "per layer over the least --shard-domain) and says so; simulate, show: the plan's own",
     )
     add_layout_args(p)
     add_sp_kinds(p, default=None if from_plan else "ulysses")
@@ -138,7 +139,9 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
             num_gpus=cluster.num_gpus,
             tokens_per_gpu=args.tokens_per_gpu or DEFAULT_TOKENS_PER_GPU,
         )
-    sharding = args.optimizer_sharding or (plan and plan.optimizer_sharding) or "zero1"
+    # --shard-domain S > 0 alone means zero3 (the only mode with domains)
+    default = "zero3" if args.shard_domain else "zero1"
+    sharding = args.optimizer_sharding or (plan and plan.optimizer_sharding) or default
     if args.sp_kinds is None:  # simulate/show: the plan's kinds, else Ulysses
         used = {g.kind for ph in plan.phases for g in ph.groups} if plan else set()
         args.sp_kinds = recorded.get("sp_kinds") or ",".join(
@@ -157,8 +160,13 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     )
     if args.profile:
         profile_warning(args.profile, cluster)
-    if args.shard_domain is None and plan is None:
-        cost = auto_shard_domain(cost, batch)
+    if plan is None and getattr(args, "pp", None) is None:  # a pipeline's stages hold 1/p
+        cost = auto_sharding(
+            cost,
+            batch,
+            mode_given=args.optimizer_sharding is not None,
+            domain_given=args.shard_domain is not None,
+        )
     return batch, cost
 
 

@@ -14,7 +14,7 @@ from . import cp as cp_cost
 from . import ring as ring_cost
 from . import zero3
 from .memory import SHARDING_MODES
-from .units import tp_volume_share
+from .units import tp_step_time, tp_volume_share
 
 
 @dataclass(frozen=True)
@@ -122,10 +122,13 @@ class Comm:
         ring all-reduce of `grad_reduce_bytes_per_param` (2 (N-1)/N * bytes / bandwidth,
         Thakur et al. 2005; by default the bytes runtime/sharding.py sends under the mode,
         step_collectives), at the NIC rate across nodes, + the closing micro-step of the
-        sharded modes (closing_step_time) + `step_overhead_s`."""
+        sharded modes (closing_step_time) + `step_overhead_s`, + under tensor parallelism
+        the norms' gradient sums inside each unit (units.tp_step_time)."""
         if self.cluster.num_gpus == 1:
-            return self.step_overhead_s + self.closing_step_time()
-        return self.ring_all_reduce_time() + self.step_overhead_s + self.closing_step_time()
+            out = self.step_overhead_s + self.closing_step_time()
+        else:
+            out = self.ring_all_reduce_time() + self.step_overhead_s + self.closing_step_time()
+        return out + tp_step_time(self) if self.tensor_parallel > 1 else out
 
     def ring_all_reduce_time(self) -> float:
         """The world collectives of grad_sync_time alone: a ring all-reduce of

@@ -14,7 +14,7 @@ from . import cp as cp_cost
 from . import ring as ring_cost
 from . import zero3
 from .coeffs import TermCoeffs
-from .units import tp_comm_per_layer
+from .units import tp_comm_outside_layers, tp_comm_per_layer
 
 _PASS_SHARE = {"fwd": 1 / 3, "bwd": 2 / 3}  # CostModel.replicated_seq_s per pass
 
@@ -165,9 +165,11 @@ class Compute:
 
     def unit_comm(self, fwd, bwd, tokens, d, r, speed):
         """What tensor parallelism and per-layer zero3 add to a micro-batch: the TP
-        collectives of every layer's forward, backward and recomputed forward (units.py),
-        and the per-layer gathers that prefetch does not hide (zero3.py)."""
+        collectives of every layer's forward, backward and recomputed forward and those at
+        the embedding and the head (units.py), and the per-layer gathers that prefetch does
+        not hide (zero3.py)."""
         tp = (2 * self.model.num_layers + r) * tp_comm_per_layer(self, tokens, d)
+        tp = tp + tp_comm_outside_layers(self, tokens, d)
         return tp + zero3.exposed_gather_time(self, fwd, bwd, speed)
 
     @property

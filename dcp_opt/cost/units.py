@@ -15,7 +15,10 @@ units (`unit_cluster`), and its coefficients are a unit's (`unit_coefficients`):
 - bandwidth x t per unit: a Ulysses all-to-all between units runs between the GPUs of equal
   TP rank, each moving 1/t of the unit's bytes over its own link (NVLink port or NIC);
 - per layer, forward and backward, two all-gathers and two reduce-scatters of the layer's
-  local s x h activations (b bytes each) inside the unit: `tp_comm_per_layer`.
+  local s x h activations (b bytes each) inside the unit: `tp_comm_per_layer`;
+- outside the layers, per micro-batch: one s x h exchange each way at the embedding and at
+  the head, and the logits' all-gather (s x V): `tp_comm_outside_layers`; per step, one
+  all-reduce of h values per norm weight: `tp_step_time`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from ..model import ModelSpec, ulysses_kv_heads
 from .coeffs import BlockCoeffs, CostCoefficients, TermCoeffs
 
 TP_COLLECTIVES_PER_LAYER = 4  # 2 all-gathers + 2 reduce-scatters per pass (Korthikanti sec. 4.2.2)
+TP_COLLECTIVES_AT_ENDS = 4  # embedding: reduce-scatter fwd, all-gather bwd; the head: the reverse
+NORM_GRAD_BYTES = 4.0  # the norms' fp32 gradients, summed over the unit once per step
 
 
 def check_tensor_parallel(t, model: ModelSpec, cluster: Cluster) -> None:
@@ -130,14 +135,56 @@ def tp_comm_per_layer(cost, tokens, d) -> np.ndarray | float:
     tokens x hidden x dtype bytes per block (Korthikanti et al. 2022, sec. 4.2.2), each a ring
     moving (t - 1) / t of the buffer per GPU (Thakur et al. 2005) over NVLink at one GPU's
     rate, plus one latency per ring step. Exposed: the runtime runs them inline."""
+    if cost.tensor_parallel == 1:
+        return 0.0
+    m = cost.model
+    buf = np.asarray(tokens, dtype=float) / d * m.hidden * m.dtype_bytes
+    return TP_COLLECTIVES_PER_LAYER * len(m.block_types) * _ring_call(cost, buf)
+
+
+def _ring_call(cost, buf):
+    """Seconds of one ring all-gather or reduce-scatter of `buf` bytes (the whole buffer)
+    inside a unit: (t - 1) / t of it per GPU over NVLink at one GPU's rate, + (t - 1)
+    latencies (Thakur et al. 2005)."""
+    t, gpu = cost.tensor_parallel, cost.gpu_cluster
+    return (t - 1) / t * buf / gpu.intra_node_bw + (t - 1) * gpu.intra_node_latency_s
+
+
+def tp_comm_outside_layers(cost, tokens, d) -> np.ndarray | float:
+    """Seconds of a micro-batch's TP collectives outside the layers (counted on gloo,
+    tests/test_tensor_parallel_traffic.py; docs/integration.md, "Tensor parallelism"): at
+    the embedding (vocabulary-row split) a reduce-scatter of s h b into the sequence-parallel
+    region in forward and an all-gather in backward, at the head the reverse, and the
+    logits' all-gather s V b in forward (the head is column-parallel and returns whole
+    logits: no loss parallelism); s = tokens / d the unit's local tokens, V the vocabulary
+    (0: no logits). Each a ring, (t - 1) / t per GPU. Not recomputed; exposed."""
     t = cost.tensor_parallel
     if t == 1:
         return 0.0
-    gpu = cost.gpu_cluster
     m = cost.model
-    buf = np.asarray(tokens, dtype=float) / d * m.hidden * m.dtype_bytes
-    per_call = (t - 1) / t * buf / gpu.intra_node_bw + (t - 1) * gpu.intra_node_latency_s
-    return TP_COLLECTIVES_PER_LAYER * len(m.block_types) * per_call
+    s = np.asarray(tokens, dtype=float) / d
+    out = TP_COLLECTIVES_AT_ENDS * _ring_call(cost, s * m.hidden * m.dtype_bytes)
+    if m.vocab_size:
+        out = out + _ring_call(cost, s * m.vocab_size * m.dtype_bytes)
+    return out
+
+
+def num_norms(model: ModelSpec) -> int:
+    """Norm weights of the model: two per block (before attention and before the MLP) and
+    the final norm (2 L + 1 for a 1D model: tests/test_tensor_parallel_traffic.py)."""
+    return 2 * model.num_layers * len(model.block_types) + 1
+
+
+def tp_step_time(cost) -> float:
+    """Seconds per step of summing the norms' partial gradients over the unit (runtime's
+    reduce_partial_grads: sequence parallelism leaves each GPU a partial sum of every norm
+    weight's gradient; Korthikanti et al. 2022 sec. 4.2.2): one ring all-reduce of h fp32
+    values per norm weight, 2 (t - 1) / t of it per GPU + 2 (t - 1) latencies. 0 at t = 1."""
+    t = cost.tensor_parallel
+    if t == 1:
+        return 0.0
+    m = cost.model
+    return num_norms(m) * 2 * _ring_call(cost, m.hidden * NORM_GRAD_BYTES)
 
 
 def tp_volume_share(model: ModelSpec, t: int, degree: int) -> float:

@@ -57,27 +57,52 @@ def allowed_domains(units) -> list[int]:
 
 def root_params(model) -> float:
     """Parameters outside the repeated blocks: the token embedding and the output head
-    (2 x vocab x hidden; 0 for a model without a vocabulary)."""
+    (2 x vocab x hidden; 0 for a model without a vocabulary). The runtime's root FSDP unit
+    (runtime/sharding.py `shard_units`: the model itself) holds them."""
     return min(2.0 * model.vocab_size * model.hidden, model.total_params)
 
 
+def head_params(model) -> float:
+    """The output head's parameters (vocab x hidden): half the root's."""
+    return root_params(model) / 2
+
+
 def layer_params(model) -> float:
-    """Parameters of one layer (all its blocks), the rest of total_params spread evenly."""
+    """Parameters of one layer (all its blocks: the runtime's FSDP unit, one entry of the
+    model's `layers`), the rest of total_params spread evenly."""
     return (model.total_params - root_params(model)) / model.num_layers
 
 
 def state_parts(model, s: int) -> dict[str, float]:
-    """Model-state bytes per unit under per-layer zero3 over s units, by part:
+    """Model-state bytes per unit under per-layer zero3 over s units at the peak of a
+    micro-step, by part; c = the compute dtype's bytes (model.dtype_bytes, 2 for bf16):
     - sharded: 16 B / s per parameter: fp32 master 4, fp32 gradient shard 4, Adam 8;
-    - in flight: two layers of bf16 parameters (the current and the prefetched one: FSDP2
-      prefetches the next block's all-gather, Zhao et al. 2023 sec. 4.1) 2 x 2 B, one
-      layer of unsharded fp32 gradients during its reduce-scatter 4 B, and the root's bf16
-      parameters (embedding and head), gathered for the micro-step (the root is not
-      resharded after forward) 2 B. h4 measures what FSDP2 holds: change it here only."""
+    - in flight in backward (docs/cost-model.md, "ZeRO-3 per layer", with the measurement it
+      rests on): the root unit's gathered parameters c P_root (held from the head's backward
+      to the end of the micro-step) and the head's compute-dtype gradients c P_head (waiting
+      for the root's reduce-scatter); at layer i's reduce-scatter copy-in, layer i - 1
+      gathered by FSDP2's default backward prefetch (the runtime sets none of its own)
+      c P_layer, layer i's compute-dtype gradients c P_layer and their fp32 reduce-scatter
+      input 4 P_layer (FSDP2's foreach_reduce frees the gradients only after the copy-in),
+      or, if larger, between two collectives layer i's parameters and gradients and the
+      prefetched layer, 3 c P_layer;
+    - or, if larger, the root's own copy-in, (c + 4) P_root (its parameters resharded).
+    Forward holds less: the current and the prefetched layer, 2 c P_layer. Sampled at every
+    collective call, the runtime's peak is this less the copy-in's c P_layer of gradients
+    (freed before the reduce-scatter call): tests/test_units.py checks both."""
     p, lp, rp = model.total_params, layer_params(model), root_params(model)
+    c = float(model.dtype_bytes)
+    per_layer = max(2 * c + REDUCE_BYTES, 3 * c)
+    layer_peak = c * (rp + head_params(model)) + per_layer * lp
+    root_peak = (c + REDUCE_BYTES) * rp
+    if layer_peak >= root_peak:  # gathered: the root, one layer (two if 3 c is the larger)
+        w = c * (rp + (2 if 3 * c > 2 * c + REDUCE_BYTES else 1) * lp)
+        g = layer_peak - w
+    else:
+        w, g = 0.0, root_peak
     return {
-        "parameters": GATHER_BYTES * (2 * lp + rp) + 4.0 * p / s,  # bf16 in flight, fp32 shard
-        "gradients": REDUCE_BYTES * lp + 4.0 * p / s,
+        "parameters": w + 4.0 * p / s,  # gathered, + the fp32 master shard
+        "gradients": g + 4.0 * p / s,
         "optimizer states": 8.0 * p / s,
     }
 
