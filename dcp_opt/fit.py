@@ -20,6 +20,7 @@ are the estimate of their error. A poor fit (median relative error above 10%, or
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -41,11 +42,13 @@ class PoorFitWarning(UserWarning):
 
 
 def block_features(
-    block_type: str, shapes: Sequence[Sequence[int]], *, window: int = 0
+    block_type: str, shapes: Sequence[Sequence[int]], *, window: int = 0, joint_text: int = 0
 ) -> np.ndarray:
     """[Q, T, S] of a micro-batch of `shapes` for one block type (same as CostModel.features).
 
-    1D shapes are (length,); 2D shapes are (frames, height, width) in latent patches.
+    1D shapes are (length,); 2D shapes are (frames, height, width) in latent patches, and so
+    are a 3D model's, whose one "layer" attends over all F x H x W tokens plus `joint_text`
+    text tokens per sample (0 under cross-attention): Q = (v + joint_text)^2 (cost/dit3d.quad).
     `window`: the sliding window of the measured 1D layer (0: none); its Q is the cost
     model's windowed term (dcp_opt.cost.windowed_quad), so the fitted `quad` is the cost of
     one unit of the same Q the cost model charges."""
@@ -53,6 +56,11 @@ def block_features(
         raise DcpOptError(f"window: {window} not allowed for block {block_type!r}; allowed: 0")
     q = t = 0.0
     for shape in shapes:
+        if block_type == "layer" and len(shape) == 3:  # a 3d model's full-attention layer
+            v = float(math.prod(shape))
+            q += (v + joint_text) ** 2
+            t += v
+            continue
         if block_type == "layer":
             (s,) = shape
             q += windowed_quad(float(s), window)  # causal halving is inside the coefficient
@@ -190,11 +198,18 @@ def fit_block_time(
     *,
     label: str | None = None,
     window: int = 0,
+    joint_text: int = 0,
     **kw,
 ) -> Fit:
     """Fit TermCoeffs (quad, lin, seq, const) of one block from measured micro-batches
-    (`window`: the measured layer's sliding window, block_features)."""
-    feats = np.array([block_features(block_type, s, window=window) for s in shapes_per_point])
+    (`window`: the measured layer's sliding window; `joint_text`: a 3d layer's joint text
+    tokens per sample; block_features)."""
+    feats = np.array(
+        [
+            block_features(block_type, s, window=window, joint_text=joint_text)
+            for s in shapes_per_point
+        ]
+    )
     x = np.column_stack([feats, np.ones(len(feats))])
     return fit_nonneg(x, np.asarray(seconds), TERMS, label=label or block_type, **kw)
 

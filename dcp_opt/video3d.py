@@ -6,6 +6,10 @@ F frames give 1 + (F - 1) // temporal latent frames; the VAE divides height and 
 `spatial` and the transformer's patch by `patch`: ceil(H / (spatial x patch)) x
 ceil(W / (spatial x patch)) tokens per latent frame (ceil as the 2d workloads). All four presets
 compress 4 x 8 x 8 with a 1 x 2 x 2 patch, so one sample shape serves them all.
+
+Published mixes (PUBLISHED_MIXES, workloads `3d-<name>`): Open-Sora 2.0's two stages (its
+bucket_config), Wan 2.1's 720px stage and HunyuanVideo's 129-frame buckets (what each
+publishes, and what is assumed, is cited where each is defined).
 """
 
 from __future__ import annotations
@@ -114,3 +118,43 @@ def opensora2_buckets(stage: str) -> tuple[list[tuple[int, int, int]], np.ndarra
             weights.append(bs * OPENSORA2_KEEP.get((stage, px), 1.0))
     p = np.array(weights, dtype=float)
     return shapes, p / p.sum()
+
+
+# Wan 2.1, the last stage of its image-video joint pre-training (Wan team 2025, "Wan: Open and
+# Advanced Large-Scale Video Generative Models", arXiv 2503.20314, pre-training, "Image-video joint
+# training": stage 3 trains 720px images and 5-second clips). 5 s at 16 fps are 81 frames
+# (Wan-Video/Wan2.1 generate.py:84-85, frame_num 81; wan/configs/shared_config.py:18,
+# sample_fps 16); 720px is 1280 x 720 in both orientations (wan/configs/__init__.py:30-32,
+# SIZE_CONFIGS); VAE stride (4, 8, 8) and patch (1, 2, 2) (wan/configs/wan_t2v_14B.py:17,20).
+# Not published: batch sizes and the image:clip ratio. Assumed: every bucket is drawn equally
+# often by sample, images and clips alike (so clips hold 95 % of the tokens).
+WAN21_720PX = {(720, 1280): (1, 81), (1280, 720): (1, 81)}  # (height, width): frame counts
+# HunyuanVideo's published (height, width, frames) settings (Tencent/HunyuanVideo
+# README.md:312-317: 540p and 720p, each at 9:16, 16:9, 4:3, 3:4 and 1:1; a table of the sizes
+# it generates), all of 129 frames (hyvideo/config.py:310-315, --video-length 129, "4n+1" for
+# the 3D VAE); VAE "884-16c-hy" (hyvideo/constants.py:73:
+# 4x temporal, 8x8 spatial, 16 channels; diffusers autoencoder_kl_hunyuan_video.py:431-432),
+# patch 1 x 2 x 2 (dit_spec.PUBLISHED). The paper (arXiv 2412.03603, "Progressive
+# video-image joint training") names its stages (low-resolution short clips, low-resolution
+# long clips, high-resolution long clips) without their resolutions, frame counts, batch sizes
+# or image share; assumed: its final high-resolution stage trains on these ten buckets, each drawn
+# equally often (no images).
+HUNYUANVIDEO_129F = {
+    (544, 960): (129,), (960, 544): (129,), (624, 832): (129,), (832, 624): (129,),
+    (720, 720): (129,), (720, 1280): (129,), (1280, 720): (129,), (1104, 832): (129,),
+    (832, 1104): (129,), (960, 960): (129,),
+}  # fmt: skip
+_EQUAL_MIXES = {
+    "wan2.1-720px": ("wan2.1", WAN21_720PX),
+    "hunyuanvideo-129f": ("hunyuanvideo", HUNYUANVIDEO_129F),
+}
+PUBLISHED_MIXES = (*(f"opensora2-{s}" for s in OPENSORA2_BUCKETS), *_EQUAL_MIXES)
+
+
+def published_mix(name: str) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+    """(shapes, sample probabilities) of the published mix `name` (PUBLISHED_MIXES)."""
+    if name.startswith("opensora2-"):
+        return opensora2_buckets(name.removeprefix("opensora2-"))
+    vae, buckets = _EQUAL_MIXES[name]
+    shapes = [VAES[vae].shape(h, w, f) for (h, w), frames in buckets.items() for f in frames]
+    return shapes, np.full(len(shapes), 1.0 / len(shapes))

@@ -8,7 +8,8 @@ VideoSys' dummy dataset, balanced = uniform, long = the short Zipf reversed.
 3D / full-attention video DiTs (dcp_opt/video3d.py): `3d-short|balanced|long` are the same
 five resolutions x frames {1, 33, 65, 97, 129} through a 4x8x8 causal VAE and 2x2 patches,
 with the 2d distributions; `3d-opensora2-256px` and `3d-opensora2-768px` are Open-Sora 2.0's
-published buckets of its two stages. Their samples are (frames, height, width) shapes, as 2d.
+published buckets of its two stages, `3d-wan2.1-720px` Wan 2.1's 720px stage and
+`3d-hunyuanvideo-129f` HunyuanVideo's 129-frame buckets (video3d.PUBLISHED_MIXES). Their samples are (frames, height, width) shapes, as 2d.
 1D / text: log-normal lengths with median 2K / 8K / 32K (sigma 1.0), clipped to [128, 131072].
 A global batch draws sequences until the token budget is reached (the last one may cross it).
 """
@@ -26,7 +27,7 @@ import numpy as np
 
 from .batch import MAX_SEQUENCES, Batch, Sequence, check_num_sequences
 from .errors import DcpOptError, is_int, loads_json, read_text
-from .video3d import FRAMES_3D, OPENSORA2_BUCKETS, TOKENIZER, opensora2_buckets
+from .video3d import FRAMES_3D, PUBLISHED_MIXES, TOKENIZER, published_mix
 
 RESOLUTIONS = {
     "144p": (144, 256),
@@ -106,8 +107,8 @@ class Workload:
     def sample_shape(self, rng: np.random.Generator) -> tuple[int, ...]:
         if self.distribution == IMAGE_HEAVY:
             return _image_heavy_shape(rng)
-        if self.kind == "3d" and self.distribution.startswith("opensora2-"):
-            shapes, p = opensora2_buckets(self.distribution.removeprefix("opensora2-"))
+        if self.kind == "3d" and self.distribution in PUBLISHED_MIXES:
+            shapes, p = published_mix(self.distribution)
             return shapes[rng.choice(len(shapes), p=p)]
         if self.distribution in DOCUMENT_SAMPLES:
             sample = document_lengths(self.distribution)
@@ -152,11 +153,9 @@ EXTRA_WORKLOADS = ("2d-imageheavy",)
 # WLB sample but most of its attention work (issue 30).
 DOCUMENT_SAMPLES = {"wlbllm": "wlbllm_lengths.json", "prolong": "prolong_lengths.json"}
 DOCUMENT_WORKLOADS = tuple(f"1d-{k}" for k in DOCUMENT_SAMPLES)
-# Full-attention video DiTs (dcp_opt/video3d.py): the standard mix and Open-Sora 2.0's stages.
-VIDEO_3D_WORKLOADS = (
-    *(f"3d-{d}" for d in DISTRIBUTIONS),
-    *(f"3d-opensora2-{stage}" for stage in OPENSORA2_BUCKETS),
-)
+# Full-attention video DiTs (dcp_opt/video3d.py): the standard mix and the published mixes
+# (Open-Sora 2.0's stages, Wan 2.1's 720px stage, HunyuanVideo's buckets).
+VIDEO_3D_WORKLOADS = (*(f"3d-{d}" for d in DISTRIBUTIONS), *(f"3d-{m}" for m in PUBLISHED_MIXES))
 
 
 @functools.cache

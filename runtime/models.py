@@ -220,7 +220,8 @@ class TinyDiT(nn.Module):
 class Full3DConfig:
     """A tiny 3-D full-attention video DiT: `num_double` double-stream blocks then
     `num_single` single-stream blocks (TinyMMDiT), or `num_double + num_single` Wan blocks
-    (TinyWanDiT). hidden / num_heads must be a multiple of 6 (3-D RoPE: frame, row, column)."""
+    (TinyWanDiT). hidden / num_heads must be even and >= 6 (3-D RoPE: frame, row, column;
+    rope3d)."""
 
     in_channels: int = 4
     hidden: int = 24
@@ -231,17 +232,21 @@ class Full3DConfig:
     text_dim: int = 8
 
     def __post_init__(self):
-        if self.hidden % self.num_heads or (self.hidden // self.num_heads) % 6:
+        head = self.hidden // self.num_heads
+        if self.hidden % self.num_heads or head % 2 or head < 6:
             raise ValueError(
                 f"hidden: {self.hidden} with num_heads {self.num_heads}; allowed: a head "
-                "width (hidden / num_heads) that is a multiple of 6 (3-D RoPE)"
+                "width (hidden / num_heads) that is even and >= 6 (3-D RoPE)"
             )
 
 
 def rope3d(x: torch.Tensor, pos: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """3-D RoPE (Wan, HunyuanVideo): the head dim in three parts rotated by frame, row and
-    column; x [T, H, Dh], pos three [T] index tensors."""
-    parts = x.chunk(3, dim=-1)
+    column; x [T, H, Dh], pos three [T] index tensors. The parts are Wan's split (Wan-Video/
+    Wan2.1 wan/modules/model.py:481, WanModel.__init__): rows and columns 2 x
+    (Dh // 6) each, frames the rest, so Dh = 128 rotates 44 + 42 + 42 (thirds when 6 | Dh)."""
+    side = 2 * (x.shape[-1] // 6)
+    parts = x.split([x.shape[-1] - 2 * side, side, side], dim=-1)
     return torch.cat([rope(p, i, 10000.0) for p, i in zip(parts, pos, strict=True)], dim=-1)
 
 
@@ -340,6 +345,20 @@ class WanBlock(nn.Module):
         return txt, h + mods[5] * self.stream.mlp(modulate(self.stream.norm2(h), mods[3], mods[4]))
 
 
+def block_context(layout: JointLayout, time: torch.Tensor) -> dict:
+    """What every block of a Full3DDiT reads beside its two streams: the layout, the per-token
+    time embedding of the video and text tokens (`time` [V, C], one row per sample) and their
+    3-D RoPE positions."""
+    idx = layout.index
+    pos = (idx["frame"], idx["row"], idx["col"])
+    ctx = {"layout": layout, "time": time[idx["sample"]], "pos": pos}
+    ctx["text_time"] = time[idx["text_sample"]]
+    # text tokens sit at position 0 of every axis (Flux's txt_ids): RoPE leaves them be
+    zeros = idx["text_sample"].new_zeros(layout.text_shard)
+    ctx["joint_pos"] = tuple(torch.cat([zeros, p]) for p in pos)
+    return ctx
+
+
 class Full3DDiT(nn.Module):
     """Video diffusion transformer with full attention over all F x H x W tokens of a sample
     (runtime/joint.py): predicts the noise of latent videos / images at their timesteps.
@@ -369,15 +388,9 @@ class Full3DDiT(nn.Module):
             return self.forward(x.reshape(-1, x.shape[-1]), t.reshape(1), text, one).reshape(
                 x.shape
             )
-        idx = layout.index
         time = self.time(sinusoid(t * 1000.0, self.cfg.hidden, x.dtype))
         txt = self.text(layout.shard(text, layout.text_shard) if self.joint else text)
-        pos = (idx["frame"], idx["row"], idx["col"])
-        ctx = {"layout": layout, "time": time[idx["sample"]], "pos": pos}
-        ctx["text_time"] = time[idx["text_sample"]]
-        # text tokens sit at position 0 of every axis (Flux's txt_ids): RoPE leaves them be
-        zeros = idx["text_sample"].new_zeros(layout.text_shard)
-        ctx["joint_pos"] = tuple(torch.cat([zeros, p]) for p in pos)
+        ctx = block_context(layout, time)
         img = self.inp(x)
         for layer in self.layers:
             txt, img = layer(txt, img, ctx)

@@ -151,8 +151,9 @@ def test_another_caption_changes_only_its_own_sample():
 
 
 def test_a_config_without_a_3d_rope_width_is_refused():
-    with pytest.raises(ValueError, match="hidden: 24 with num_heads 3"):
-        Full3DConfig(hidden=24, num_heads=3)
+    # head width 5: odd (rope3d rotates pairs; 8 is fine since Wan's 4 + 2 + 2 split)
+    with pytest.raises(ValueError, match="hidden: 20 with num_heads 4"):
+        Full3DConfig(hidden=20, num_heads=4)
 
 
 def test_layout_of_another_degree_is_refused():

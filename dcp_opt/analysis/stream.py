@@ -76,7 +76,7 @@ from ..cost import CostModel
 from ..errors import DcpOptError
 from ..inputs import load_cluster
 from ..model import model_preset
-from ..video3d import opensora2_buckets
+from ..video3d import PUBLISHED_MIXES, published_mix
 from ..workloads import (
     DISTRIBUTIONS,
     TEXT_CLIP,
@@ -222,8 +222,8 @@ def stream_epoch(name: str, seed: int, num_batches: int, tokens_per_batch: int) 
 def _draw(w: Workload, rng: np.random.Generator, n: int) -> list[tuple[int, ...]]:
     """n shapes from the distributions of Workload.sample_shape (REFERENCE.md sec. 4), drawn
     as one array: the one-batch bench's per-sample draws take ~9 s for a 2D epoch."""
-    if w.kind == "3d" and w.distribution.startswith("opensora2-"):
-        shapes, p = opensora2_buckets(w.distribution.removeprefix("opensora2-"))
+    if w.kind == "3d" and w.distribution in PUBLISHED_MIXES:
+        shapes, p = published_mix(w.distribution)
         return [shapes[i] for i in rng.choice(len(shapes), size=n, p=p)]
     if w.kind in ("2d", "3d"):
         buckets = video_buckets(w.kind)

@@ -8,6 +8,12 @@
 built-in config, a directory with config.json, a config.json file, or a hub id already in the
 local cache; nothing is downloaded.
 
+Full-attention video DiTs (kind "3d"): `--model <preset or model JSON>` of kind 3d (e.g.
+`--model wan2.1-14b`) measures one layer of runtime.models' TinyMMDiT (text_mode joint) or
+TinyWanDiT (cross) at the spec's widths and caption length; `--target tiny-mmdit|tiny-wan`
+one of a tiny model of --layers/--hidden/--heads/--ffn (tiny-mmdit: --layers // 2 of them
+single-stream) with --text-tokens captions (runtime/profile/blocks.py, dit3d_target).
+
 The profile loads with `dcp_opt.profile_io.cost_model_from_profile(path, model, cluster)`.
 Measured points are cached (default: `<output>.points.json`), so a re-run after a crash or
 with a wider grid measures only the new points. An existing profile is never replaced
@@ -26,7 +32,7 @@ from pathlib import Path
 
 from ..errors import DcpOptError
 
-TARGETS = ("tiny-lm", "tiny-dit")
+TARGETS = ("tiny-lm", "tiny-dit", "tiny-mmdit", "tiny-wan")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -35,9 +41,10 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--target", default="tiny-lm", choices=TARGETS, help="model to profile")
     p.add_argument(
         "--model",
-        metavar="hf:NAME_OR_PATH",
-        help="a Hugging Face causal LM instead of --target (e.g. hf:llama-7b, hf:./my-model); "
-        "its config sets depth and widths (--layers/--hidden/--heads/--ffn are ignored)",
+        metavar="hf:NAME_OR_PATH|MODEL",
+        help="instead of --target: a Hugging Face causal LM (e.g. hf:llama-7b, hf:./my-model), "
+        "or a 3d model preset or ModelSpec JSON (e.g. wan2.1-14b); its config sets depth and "
+        "widths (--layers/--hidden/--heads/--ffn are ignored)",
     )
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="profile JSON to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing profile")
@@ -47,6 +54,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument(
+        "--text-tokens", type=int, default=8, help="caption tokens per sample (tiny-mmdit/wan)"
+    )
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -90,9 +100,54 @@ def _hf_ref(value: str) -> str:
     return ref
 
 
+def _is_hf(args: argparse.Namespace) -> bool:
+    return args.model is not None and args.model.startswith("hf:")
+
+
+def _dit3d(spec, dtype):
+    """Profile target of a 3d ModelSpec; the tiny blocks' width rules as a user error."""
+    from dcp_opt.runtime.profile.blocks import dit3d_target
+
+    try:
+        return dit3d_target(spec, dtype=dtype)
+    except ValueError as e:
+        raise DcpOptError(f"model {spec.name!r}: {e}") from None
+
+
+def _tiny_3d_spec(args: argparse.Namespace):
+    from dcp_opt.model import ModelSpec
+
+    if args.text_tokens < 1:
+        raise DcpOptError(f"--text-tokens: must be >= 1, got {args.text_tokens}")
+    joint = args.target == "tiny-mmdit"
+    return ModelSpec(
+        args.target,
+        "3d",
+        args.layers,
+        args.hidden,
+        args.heads,
+        args.ffn,
+        text_tokens=args.text_tokens,
+        causal=False,
+        text_mode="joint" if joint else "cross",
+        single_layers=args.layers // 2 if joint else 0,
+    )
+
+
 def _target(args: argparse.Namespace, device: str):
     import torch
 
+    if args.model is not None and not _is_hf(args):
+        from dcp_opt.inputs import load_model
+        from dcp_opt.runtime.profile.hf import ALLOWED_FORMS
+
+        spec = load_model(args.model)
+        if spec.kind != "3d":
+            raise DcpOptError(
+                f"--model: {args.model!r} is a {spec.kind} model; allowed: a 3d model preset "
+                f"or JSON, or {ALLOWED_FORMS}"
+            )
+        return _dit3d(spec, getattr(torch, args.dtype)), getattr(torch, args.dtype)
     if args.model is not None:
         from dcp_opt.runtime.profile.hf import hf_target
 
@@ -112,6 +167,8 @@ def _target(args: argparse.Namespace, device: str):
     if args.target == "tiny-lm":
         cfg = LMConfig(vocab_size=512, ffn_hidden=args.ffn, **common)
         return lm_target(cfg, dtype=dtype), dtype
+    if args.target in ("tiny-mmdit", "tiny-wan"):
+        return _dit3d(_tiny_3d_spec(args), dtype), dtype
     cfg = DiTConfig(ffn_hidden=args.ffn, **common)
     return dit_target(cfg, dtype=dtype), dtype
 
@@ -146,13 +203,13 @@ def _check_calibration(args: argparse.Namespace, device: str) -> None:
         return
     if n < 2:
         raise DcpOptError(f"--calibrate-world: {n} not allowed; allowed: 0 (off) or >= 2 ranks")
-    if device != "cpu" or (args.model is None and args.target != "tiny-lm"):
+    if device != "cpu" or not (_is_hf(args) or (args.model is None and args.target == "tiny-lm")):
         raise DcpOptError(
             "--calibrate-world: supported for --target tiny-lm or an HF --model on --device cpu "
             "(it runs the runtime's executor on gloo); other models: see docs/profiler.md, "
             "'runtime calibration'"
         )
-    if args.model is not None:
+    if _is_hf(args):
         from dcp_opt.runtime.profile.hf import hf_spec, load_hf_config
 
         spec = hf_spec(load_hf_config(_hf_ref(args.model)), name="calibration", dtype_bytes=4)

@@ -6,8 +6,10 @@ forward on them. Inputs are a list of calls: a 1D block packs every sequence int
 (as the runtime packs a micro-batch); a 2D block runs one call per video (a DiT block on one
 video's [frames, spatial] grid; the runtime packs all videos of a micro-batch into one call,
 runtime/video.py, with the same attention work per video, so the per-token terms fitted here
-carry over; only the per-call constant is counted per video here and per micro-batch there). The first tensor of every call is the block input and requires grad, so
-the backward computes the input gradient as it would inside a deep stack.
+carry over; only the per-call constant is counted per video here and per micro-batch there);
+a 3D block (full attention, kind "3d") packs its micro-batch into one call as runtime/joint.py
+does. The first tensor of every call is the block input and requires grad, so the backward
+computes the input gradient as it would inside a deep stack.
 
 A `HeadUnderTest` is what runs once per micro-batch outside the layers (embedding, final norm,
 output projection, loss); its time per token becomes `head_*_per_token_s` and its constant
@@ -19,8 +21,9 @@ in a `ProfileTarget` with the ModelSpec of the full model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -32,7 +35,7 @@ Shapes = Sequence[Sequence[int]]
 
 
 class BlockUnderTest(Protocol):
-    block_type: str  # "layer" (1D), "spatial" or "temporal" (2D)
+    block_type: str  # "layer" (1D, 3D), "spatial" or "temporal" (2D)
     module: nn.Module
 
     def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]: ...
@@ -198,3 +201,90 @@ def dit_target(
         "temporal": DiTBlockAdapter(layer.temporal, "temporal", cfg.hidden, text, seed),
     }
     return ProfileTarget(spec, blocks, None, signature=f"runtime.models.TinyDiT/{cfg}/{dtype}")
+
+
+class Full3DLayerAdapter:
+    """The cost model's one "layer" of a 3d model (runtime.models' full-attention blocks): a
+    micro-batch packed into one call as the runtime packs it (joint.JointLayout at degree 1),
+    video tokens [sum v, C] and text tokens [sum j, C] both leaves.
+
+    `blocks` is what one call runs: one Wan block (cross), or a joint model's double- and
+    single-stream blocks in the model's proportion (19 : 38 -> one double, two single); the
+    fit divides times and saved bytes by `layers_per_call` (runtime/profile/fit.py), so the
+    coefficient is one layer's average, which is what ModelSpec.params_per_block averages too.
+    `joint_text` is the text tokens each sample adds to the attention sequence (0 under cross):
+    the fit's Q is (v + joint_text)^2 per sample, as dcp_opt/cost/dit3d.quad charges."""
+
+    block_type = "layer"
+
+    def __init__(self, blocks, *, hidden: int, text_tokens: int, joint: bool, seed: int = 0):
+        self.module = nn.ModuleList(blocks)
+        self.layers_per_call = len(self.module)
+        self.hidden, self.text_tokens, self.joint, self.seed = hidden, text_tokens, joint, seed
+        self.joint_text = text_tokens if joint else 0
+
+    def make_inputs(self, shapes: Shapes, *, dtype, device) -> list[tuple]:
+        from ..joint import JointLayout
+        from ..models import block_context
+
+        gen = torch.Generator().manual_seed(self.seed)
+        shapes = tuple(tuple(int(v) for v in s) for s in shapes)
+        text = (self.text_tokens,) * len(shapes)
+        lay = JointLayout(shapes, text, joint=self.joint, device=device)
+        rows = lay.text_shard if self.joint else sum(lay.text_lengths)
+        img = _leaf((lay.video_shard, self.hidden), dtype=dtype, device=device, gen=gen)
+        txt = _leaf((rows, self.hidden), dtype=dtype, device=device, gen=gen)
+        time = torch.randn(len(shapes), self.hidden, generator=gen, dtype=dtype).to(device)
+        return [(img, txt, block_context(lay, time))]
+
+    def forward(self, inputs: list[tuple]) -> list[torch.Tensor]:
+        out = []
+        for img, txt, ctx in inputs:
+            for block in self.module:
+                txt, img = block(txt, img, ctx)
+            out.append(torch.cat([txt, img]) if self.joint else img)
+        return out
+
+
+def dit3d_target(
+    model: ModelSpec, *, in_channels: int = 4, seed: int = 0, dtype=torch.float32
+) -> ProfileTarget:
+    """Profile target for a 3d ModelSpec (a preset, a model JSON, or a tiny model's spec): one
+    layer of runtime.models' TinyMMDiT (text_mode "joint") or TinyWanDiT ("cross") at the
+    spec's hidden, heads and FFN widths, its text `model.text_tokens` per sample. The spec
+    (full depth) is the profile's model."""
+    from ..models import DoubleBlock, Full3DConfig, SingleBlock, WanBlock
+
+    if model.kind != "3d":
+        raise ValueError(f"model.kind: {model.kind!r} not allowed; allowed: '3d'")
+    if model.text_tokens < 1:
+        raise ValueError(f"model.text_tokens: must be >= 1 for a 3d block, got {model.text_tokens}")
+    single = model.single_layers if model.text_mode == "joint" else 0
+    double = model.num_layers - single
+    cfg = Full3DConfig(
+        in_channels=in_channels,
+        hidden=model.hidden,
+        num_heads=model.num_heads,
+        num_double=double,
+        num_single=single,
+        ffn_hidden=model.ffn_hidden,
+        text_dim=model.hidden,
+    )
+    torch.manual_seed(seed)
+    if model.text_mode == "joint":
+        g = math.gcd(double, single)
+        blocks = [DoubleBlock(cfg) for _ in range(double // g)]
+        blocks += [SingleBlock(cfg) for _ in range(single // g)]
+    else:
+        blocks = [WanBlock(cfg)]
+    blocks = [b.to(dtype) for b in blocks]
+    layer = Full3DLayerAdapter(
+        blocks,
+        hidden=model.hidden,
+        text_tokens=model.text_tokens,
+        joint=model.text_mode == "joint",
+        seed=seed,
+    )
+    spec = replace(model, dtype_bytes=torch.finfo(dtype).bits // 8)
+    sig = f"runtime.models.Full3D/{model.text_mode}/{cfg}/{len(blocks)}/{model.text_tokens}"
+    return ProfileTarget(spec, {"layer": layer}, None, signature=f"{sig}/{dtype}")

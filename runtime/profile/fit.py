@@ -43,12 +43,19 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
     blocks, report = {}, {}
     act = ckpt = 0.0
     for i, name in enumerate(model.block_types):
-        plain = [p for p in points if p.block == name and not p.recompute]
+        block = target.blocks[name]
+        # a 3d adapter runs several layers per call (a joint model's double and single blocks
+        # in proportion): one layer's time and kept bytes are the call's / layers_per_call;
+        # a checkpointed call keeps one input, as a checkpointed layer does (not divided)
+        per = int(getattr(block, "layers_per_call", 1) or 1)
+        plain = [_per_layer(p, per) for p in points if p.block == name and not p.recompute]
         rec = [p for p in points if p.block == name and p.recompute]
         shapes = [p.shapes for p in plain]
         # the measured layer's own sliding window (an HF adapter's; 0: none): the fit's Q is
-        # then the cost model's windowed term (dcp_opt.cost.windowed_quad)
-        win = dict(kw, window=int(getattr(target.blocks[name], "window", 0) or 0))
+        # then the cost model's windowed term (dcp_opt.cost.windowed_quad); a 3d layer's joint
+        # text tokens per sample join its Q (dcp_opt.cost.dit3d.quad)
+        win = dict(kw, window=int(getattr(block, "window", 0) or 0))
+        win["joint_text"] = int(getattr(block, "joint_text", 0) or 0)
         f = fit_block_time(name, shapes, [p.fwd_s for p in plain], label=f"{name}.fwd", **win)
         b = fit_block_time(name, shapes, [p.bwd_s for p in plain], label=f"{name}.bwd", **win)
         blocks[name] = (f.as_terms(), b.as_terms())
@@ -71,7 +78,9 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
             "bwd": b.report.to_dict(),
             "act_bytes": m_act.report.to_dict(),
             "ckpt_bytes": m_ck.report.to_dict(),
-            "recompute_extra_forward_ratio": _recompute_ratio(plain, rec),
+            "recompute_extra_forward_ratio": _recompute_ratio(
+                plain, [_per_layer(p, per) for p in rec]
+            ),
             **(_window_check(name, plain, win, kw) if win["window"] else {}),
             "num_points": len(plain) + len(rec),
         }
@@ -91,6 +100,18 @@ def fit_points(target: ProfileTarget, points: list, config) -> tuple:
         source="profile",
     )
     return coeffs, report
+
+
+def _per_layer(p, layers: int):
+    """Point `p` of a call that ran `layers` layers, as one layer's average."""
+    if layers == 1:
+        return p
+    return replace(
+        p,
+        fwd_samples=tuple(x / layers for x in p.fwd_samples),
+        bwd_samples=tuple(x / layers for x in p.bwd_samples),
+        saved_bytes=p.saved_bytes / layers,
+    )
 
 
 def _window_check(name: str, plain: list, win: dict, kw: dict) -> dict:
