@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..analysis.bench import DEFAULT_MODELS, DEFAULT_NUM_BATCHES, BenchConfig, json_default
-from ..cost import CostModel
+from ..cost import SHARDING_MODES, CostModel
 from ..errors import DcpOptError, read_text
 from ..inputs import cost_model, profile_kind
 from ..workloads import DEFAULT_TOKENS_PER_GPU, load_batch
@@ -66,6 +66,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 if any plan is missing/invalid")
     p.add_argument("--no-progress", action="store_true")
     add_sp_kinds(p, note="; 2D workloads keep ulysses")
+    _add_layout(p)
     _add_stream_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -139,6 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         doc = run_bench(config, make_cost=make_cost, on_start=on_start, on_done=on_done)
     doc["config"]["profile"] = args.profile
     doc["config"]["sp_kinds"] = list(sp_kinds(args))  # the 1D workloads'
+    doc["config"].update(_layout(args))
     Console(soft_wrap=False, width=max(Console().width, 110)).print(render_table(doc))
     for line in error_lines(doc):
         _note(line)
@@ -235,6 +237,7 @@ def cmd_stream(args: argparse.Namespace) -> int:
                 doc["config"].update(
                     num_batches=config.num_batches, tokens_per_batch=config.tokens_per_batch
                 )
+    doc["config"].update(_layout(args))
     console = Console(soft_wrap=False, width=max(Console().width, 130))
     console.print(render_stream_table(doc))
     if doc["matched"]:
@@ -257,6 +260,39 @@ def _profile_warning(args: argparse.Namespace) -> None:
         profile_warning(args.profile, load_cluster(args.cluster))
 
 
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    """The job's layout every row of the table runs at (issue 26: big models compare at the
+    setting that fits them). Explicit here, unlike `plan`: a comparison is at one setting."""
+    p.add_argument(
+        "--optimizer-sharding",
+        default="zero1",
+        choices=SHARDING_MODES,
+        help="every row's optimizer sharding (default zero1)",
+    )
+    p.add_argument(
+        "--tp",
+        type=types.int_in(1, 1 << 16),
+        default=1,
+        help="tensor-parallel GPUs per unit, dividing the node and the heads (default 1)",
+    )
+    p.add_argument(
+        "--shard-domain",
+        type=types.int_in(0, 1 << 16),
+        default=0,
+        help="with --optimizer-sharding zero3: per layer over aligned blocks of this many "
+        "units (default 0: gathered once per step)",
+    )
+
+
+def _layout(args: argparse.Namespace) -> dict:
+    """The layout every row ran at, for the JSON's config."""
+    return {
+        "optimizer_sharding": args.optimizer_sharding,
+        "tensor_parallel": args.tp,
+        "shard_domain": args.shard_domain,
+    }
+
+
 def _bench_costs(args: argparse.Namespace):
     """make_cost for run_bench: it hands over the default preset model of each kind; the
     user's model file or profile replaces it (run_bench reports the model it got)."""
@@ -274,6 +310,9 @@ def _bench_costs(args: argparse.Namespace):
             default_model=preset.name,
             source=f"each {k} workload",
             sp_kinds=kinds[k],
+            optimizer_sharding=args.optimizer_sharding,
+            tensor_parallel=args.tp,
+            shard_domain=args.shard_domain,
         )
 
     return make_cost
