@@ -139,8 +139,9 @@ def _block(
                 at = [cost.time(rows, d, rec[i], spans_nodes=k, **kw) for k in classes]
                 t_all[i] = np.max(at, axis=0)
     t, empty = t_all[:, :n], t_all[:, n:]
-    if sp_kind == "ring":  # marginal and constant without the exposure, which packing can
-        # hide (CostModel.additive_time; docs/cost-model.md, ring, Bounds): no comm classes
+    if sp_kind == "ring" or cost.shard_domain:  # marginal and constant without the
+        # exposure (ring transfers, zero3 gathers), which packing can hide
+        # (CostModel.additive_time; docs/cost-model.md, ring, Bounds): no comm classes
         add = cost.additive_time_by_degree(rows, degrees, rec, kind=sp_kind)
         t_add, empty = add[:, :n], add[:, n:]
     else:

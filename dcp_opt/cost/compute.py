@@ -194,13 +194,26 @@ class Compute:
     def additive_time(self, feats, d, recompute_layers=0, **kw):
         """time() less what is not additive over the sequences of a packed micro-batch: a
         ring group's exposed transfers (ring_cost), which a packed partner's attention may
-        hide. A lower bound of every micro-batch holding these features; time() itself
-        for the other kinds. Tables and bounds read it (dcp_opt/table.py)."""
+        hide, and per-layer zero3's exposed gathers (zero3.exposed_gather_time: max(gather -
+        compute, 0) per layer, which a packed partner's compute hides). A lower bound of
+        every micro-batch holding these features; time() itself for the other cases.
+        Tables and bounds read it (dcp_opt/table.py)."""
+        if self.shard_domain:
+            return self.without_gathers().additive_time(feats, d, recompute_layers, **kw)
         c, r, m = self.time_parts(feats, d, recompute_layers, **kw)
         return c + r if kw.get("kind") == "ring" else c + r + m
 
+    def without_gathers(self):
+        """This cost model with per-layer zero3's gathers left out of the micro-batch time
+        (shard_domain 0: the same mode, layout and coefficients; time_parts then adds no
+        exposure, which is >= 0): what a certified bound may charge every micro-batch."""
+        return self.memoised("without_gathers", lambda: self.with_(shard_domain=0))
+
     def additive_time_by_degree(self, feats, degrees, recompute_layers, kind="ulysses"):
         """additive_time of every row at every degree (D,) -> (D, n), as time_by_degree."""
+        if self.shard_domain:
+            flat = self.without_gathers()
+            return flat.additive_time_by_degree(feats, degrees, recompute_layers, kind)
         if kind != "ring":
             return self.time_by_degree(feats, degrees, recompute_layers, kind)
         if self.takes_degree_vectors:

@@ -21,6 +21,7 @@ from dcp_opt.solvers.kinds import best_with_kinds
 
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
+from dcp_opt.cost.settings import fits
 from dcp_opt.plan import Group
 from dcp_opt.result import PlanResult
 
@@ -111,8 +112,8 @@ def _blind_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: fl
 
 def _aligned_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: float):
     """Under per-layer zero3 (shard_domain > 0), where greedy's tables cannot see that the
-    per-layer gathers hide behind a micro-step's compute: `res` and the first
-    DOMAIN_DRAFTS drafts of the search and every uniform layout, each also with its groups
+    per-layer gathers hide behind a micro-step's compute: `res`, greedy's plan without the
+    gathers, and the first DOMAIN_DRAFTS drafts of the search and every uniform layout, each also with its groups
     repacked (fewer, larger micro-batches) and then with counts evened inside the domains
     (align.py), scored by simulate; the fastest is kept."""
     if not cost.shard_domain:
@@ -122,6 +123,11 @@ def _aligned_candidate(res: PlanResult, batch: Batch, cost: CostModel, started: 
     drafts = list(islice(candidates(inst, cluster, local=False), DOMAIN_DRAFTS))
     drafts += [uniform_draft(inst, cluster, j) for j in range(len(inst.degrees))]
     layouts = [[list(ph.groups) for ph in res.plan.phases]]
+    # the plan greedy makes for the step-level schedule (no per-layer gathers), priced with
+    # them: a rule a user could apply, so a candidate where the step-level states fit
+    flat = cost.without_gathers()
+    if fits(flat, max(s.num_tokens for s in batch.sequences)):
+        layouts.append(_first_fit(batch, flat)[0])
     layouts += [p for p in (to_phases(d, inst, cost) for d in drafts if d) if p is not None]
     best = res
     for phases in layouts:
