@@ -43,6 +43,9 @@ from .tensor_parallel import fsdp_placement
 # "bf16" is mixed precision: bf16 parameters and activations for compute, fp32 gradient
 # accumulation and master weights (the model must be fp32: its parameters are the masters).
 DTYPES = (None, "fp32", "bf16")
+# Modes built with tensor parallelism (`shard(..., tp=)`): FSDP2 over the units' "dp" column;
+# zero3 step-level or per layer (shard_domain in units). `none` (a replica per GPU) is not.
+TP_MODES = ("zero1", "zero2", "zero3")
 
 
 class ShardingModeError(DcpOptError):
@@ -216,7 +219,8 @@ class Sharding:
         return tuple(out)
 
 
-def _check_domain(shard_domain, mode: str, world: int) -> None:
+def _check_domain(shard_domain, mode: str, world: int, tp=None) -> None:
+    """`world`: the ranks a domain is counted in: GPUs, or under `tp` the units."""
     if isinstance(shard_domain, bool) or not isinstance(shard_domain, int) or shard_domain < 0:
         raise DcpOptError(f"shard_domain: {shard_domain!r}; allowed: an integer >= 0")
     if shard_domain and mode != "zero3":
@@ -225,8 +229,11 @@ def _check_domain(shard_domain, mode: str, world: int) -> None:
             "shard_domain=0 with any mode, or mode='zero3'"
         )
     if shard_domain and world % shard_domain:
+        where = f"world of {world} ranks"
+        if tp is not None:
+            where = f"{world} units of tensor_parallel {tp.degree} (a domain counts units)"
         raise DcpOptError(
-            f"shard_domain: {shard_domain} does not divide the world of {world} ranks; "
+            f"shard_domain: {shard_domain} does not divide the {where}; "
             f"allowed: {[d for d in range(1, world + 1) if world % d == 0]}"
         )
 
@@ -244,6 +251,21 @@ def _mesh(mode: str, pool: GroupPool, shard_domain: int) -> DeviceMesh:
     return DeviceMesh.from_group(group, device)
 
 
+def _tp_mesh(tp, shard_domain: int) -> DeviceMesh:
+    """Under tensor parallelism FSDP2 shards over the data-parallel column of the TP mesh
+    ("dp": the GPUs of this TP rank, one per unit), which must share the TP mesh's root so
+    that FSDP2 can join them into its ("dp", "tp") or ("replicate", "shard", "tp") parameter
+    mesh (torchtitan's 2-D FSDP + TP and HSDP + TP). Per layer over domains of s < units
+    units, the column is split into (units / s) x s ("replicate" across domains, "shard"
+    inside each) by `DeviceMesh._unflatten` (torch's own way to reshape one dimension of a
+    mesh in place: same root, the sub-groups created collectively)."""
+    dp = tp.mesh["dp"]
+    if shard_domain and shard_domain < tp.num_units:
+        shape = (tp.num_units // shard_domain, shard_domain)
+        return dp._unflatten(0, shape, ("replicate", "shard"))
+    return dp
+
+
 def shard(
     model: nn.Module,
     make_optimizer: Callable,
@@ -259,24 +281,26 @@ def shard(
     its optimizer with `make_optimizer(params)`. Bad input raises before the model changes.
 
     `tp` (runtime/groups.py TPGroups; the model already split by apply_tensor_parallel):
-    zero1 / zero2 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh (as
-    torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
+    zero1 / zero2 / zero3 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh
+    (as torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
     `shard_domain` > 0 (mode zero3, the plan's Plan.shard_domain): ZeRO-3 per layer over
-    aligned blocks of that many ranks."""
+    aligned blocks of that many ranks; under `tp` that many units (HSDP + TP: each GPU holds
+    1 / s of its TP shard, replicated across the units / s domains; `_tp_mesh`)."""
     _check_inputs(model, make_optimizer, mode, dtype)
-    if tp is not None and mode not in ("zero1", "zero2"):
+    if tp is not None and mode not in TP_MODES:
         raise DcpOptError(
-            f"mode: {mode!r} with tensor parallelism not built; allowed: 'zero1', 'zero2' (or "
+            f"mode: {mode!r} with tensor parallelism not built; allowed: {list(TP_MODES)} (or "
             "no shard(): execute_step sums the gradients over the units)"
         )
-    _check_domain(shard_domain, mode, dist.get_world_size() if dist.is_initialized() else 1)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    _check_domain(shard_domain, mode, world if tp is None else tp.num_units, tp)
     sample = closing_sample(task, model)
     if not isinstance(pool, GroupPool):
         raise DcpOptError(
             f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
             "GroupPool.create() after torch.distributed.init_process_group"
         )
-    mesh = tp.mesh["dp"] if tp is not None else _mesh(mode, pool, shard_domain)
+    mesh = _mesh(mode, pool, shard_domain) if tp is None else _tp_mesh(tp, shard_domain)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
