@@ -344,6 +344,11 @@ def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:
             offset += g.numel()
 
 
+def _group(unit):
+    """FSDP2's parameter group of a unit (torch 2.13 `FSDPParamGroup`), or None."""
+    return unit._get_fsdp_state()._fsdp_param_group
+
+
 def held_bytes(sharding: Sharding) -> dict[str, int]:
     """Model-state bytes this rank holds now, from tensor storage (each storage counted once):
     fp32 master shards (`params`), the gathered compute copy (`compute`), gradients (sharded,
@@ -366,12 +371,16 @@ def held_bytes(sharding: Sharding) -> dict[str, int]:
 
     fps, partial = [], []
     for u in sharding.units:
-        group = u._get_fsdp_state()._fsdp_param_group
+        group = _group(u)
         fps += group.fsdp_params if group is not None else []
         # per layer over several domains: the gradient shards wait here for the all-reduce
         partial.append(getattr(group, "_partial_reduce_output", None))
     out = {"params": size(fp.sharded_param for fp in fps)}
-    out["compute"] = size(t for fp in fps for t in fp.all_gather_outputs)
+    # gathered: the units' copied-out buffers, and any all-gather still pending (a prefetch
+    # issued but not yet waited on holds its whole output buffer)
+    pending = [getattr(_group(u), "_all_gather_result", None) for u in sharding.units]
+    gathered = [t for fp in fps for t in fp.all_gather_outputs]
+    out["compute"] = size(gathered + [r.all_gather_output for r in pending if r is not None])
     grads = [fp.sharded_param.grad for fp in fps] + [fp.unsharded_accumulated_grad for fp in fps]
     grads += [fp._unsharded_param.grad for fp in fps if hasattr(fp, "_unsharded_param")]
     out["grads"] = size(grads + partial)
