@@ -320,15 +320,19 @@ def local_counts(model) -> dict[str, int]:
 
 def per_layer_peak(counts: dict, s: int, c: int = 2) -> float:
     """The in-flight model-state peak of per-layer zero3 on one GPU, as FSDP2 holds it
-    (docs/architecture.md, "Past the memory wall"): 16 B / s per parameter (fp32 master,
-    gradient shard, Adam moments) + the root unit's gathered parameters and the head's (and
-    final norm's) compute-dtype gradients, c (P_root + P_head), + at block i's backward
-    block i - 1 prefetched with block i's fp32 reduce-scatter input, (c + 4) P_block, or
-    between two collectives block i's parameters and gradients with block i - 1, 3 c P_block;
-    or, where larger, the root's own reduce-scatter: (c + 4) P_root. `counts`: local_counts
-    (a TP shard's counts under TP: every figure / t but the replicated norms)."""
-    layer = c * (counts["root"] + counts["head"]) + max(c + 4, 3 * c) * counts["block"]
-    return 16 * counts["total"] / s + max(layer, (c + 4) * counts["root"])
+    (docs/architecture.md, "Past the memory wall"; sampled at every collective and
+    reduce-scatter buffer by job_layout): 16 B / s per parameter (fp32 master, gradient
+    shard, Adam moments) + the root unit's gathered parameters and the head's (and final
+    norm's) compute-dtype gradients, c (P_root + P_head), + at block i's reduce-scatter
+    block i - 1 prefetched (c), block i's fp32 reduce-scatter input (4) and output (4 / s):
+    (c + 4 + 4 / s) P_block, or between two collectives block i's parameters and gradients
+    with block i - 1, 3 c P_block; or, where larger, the root's own reduce-scatter:
+    (max(c + 4, 4 + 4 / s)) P_root (its compute-dtype gradients with the fp32 input, then
+    the input with the output). `counts`: local_counts (a TP shard's under TP)."""
+    block = max(c + 4 + 4 / s, 3 * c) * counts["block"]
+    layer = c * (counts["root"] + counts["head"]) + block
+    root = max(c + 4, 4 + 4 / s) * counts["root"]
+    return 16 * counts["total"] / s + max(layer, root)
 
 
 def step_level_peak(counts: dict, units: int, t: int, c: int = 2) -> float:
@@ -358,11 +362,14 @@ def tp_saved_term(cost: CostModel, tokens: int, d: int, r: int, t: int) -> float
 def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
     """One layout (`tp` t, `mode`, `shard_domain` s in units), bf16, two steps of the plan;
     in the second: held_bytes after the plan's last micro-batch and (per layer) its peak
-    sampled at every FSDP2 collective with the reduce-scatter's fp32 input, the bytes of
+    sampled at every FSDP2 collective and reduce-scatter buffer (torch 2.13 FSDP2's
+    `foreach_reduce`, `DefaultReduceScatter.allocate`) with those buffers, the bytes of
     the FSDP2 collectives by kind and group size, the local parameter counts, and the saved
     bytes of every micro-batch."""
     import torch.distributed as dist
     from dcp_opt.runtime.tensor_parallel import apply_tensor_parallel
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as fsdp_coll
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as fsdp_group
 
     plan, batch = Plan.from_json(plan_json), Batch.from_dict(batch_dict)
     torch.manual_seed(0)
@@ -381,9 +388,11 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
     which = {"all_gather_single": 0, "reduce_scatter_single": 1, "all_reduce": 0}
     inner = {n: getattr(dist, n) for n in which}
 
-    def sample(extra: int = 0) -> None:
+    buffers: list[int] = []  # the reduce-scatter's fp32 input (and output) while it runs
+
+    def sample() -> None:
         now = held_bytes(sh)
-        now["rs_input"] = extra
+        now["reduce_buffers"] = sum(buffers)
         if sum(now.values()) > peak["total"]:
             peak.update(now, total=sum(now.values()))
 
@@ -393,18 +402,37 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
             nbytes = t.numel() * t.element_size()
             key = f"{name}/{dist.get_world_size(kw.get('group'))}"
             sent[key] = sent.get(key, 0) + nbytes
-            sample(nbytes if name == "reduce_scatter_single" else 0)
+            sample()
             return inner[name](*args, **kw)
 
         return counted
+
+    def allocate(self, size, *, dtype, device):
+        """FSDP2's reduce-scatter buffers, sampled as they appear: a one-unit domain calls
+        no collective inside it, and there the output is as large as the input."""
+        out = torch.empty(*size, dtype=dtype, device=device)
+        buffers.append(out.numel() * out.element_size())
+        sample()
+        return out
+
+    def reduce(*args, **kw):
+        buffers.clear()
+        try:
+            return inner_reduce(*args, **kw)
+        finally:
+            buffers.clear()
 
     def probe(s):
         held.update(held_bytes(s))
         sample()
 
+    inner_reduce, inner_alloc = fsdp_group.foreach_reduce, fsdp_coll.DefaultReduceScatter.allocate
     try:
         for name in which if layout["shard_domain"] else ():
             setattr(dist, name, wrap(name))
+        if layout["shard_domain"]:
+            fsdp_group.foreach_reduce = reduce
+            fsdp_coll.DefaultReduceScatter.allocate = allocate
         for step in range(2):
             sent.clear()
             task.per_mb.clear()
@@ -415,6 +443,8 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
     finally:
         for name in which:
             setattr(dist, name, inner[name])
+        fsdp_group.foreach_reduce = inner_reduce
+        fsdp_coll.DefaultReduceScatter.allocate = inner_alloc
     steps = len(report.micro_batches) + sum(report.padding) + 1
     if not layout["shard_domain"]:  # step-level: the probe is the step's peak (issue 14)
         peak = {**held, "total": sum(held.values())}
