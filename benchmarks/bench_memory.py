@@ -11,9 +11,17 @@ largest micro-batch is compared with the cost model's activation term for it.
 
     python benchmarks/bench_memory.py --worlds 2 4 --json out/bench_memory.json
     python benchmarks/bench_memory.py --worlds 4 --modes zero3 --shard-domains 2 4   # per layer
+    python benchmarks/bench_memory.py --worlds 2 4 --layouts \
+        --profile benchmarks/results/tiny_lm_bf16.profile.json   # + per-layer zero3 and TP
     dcp-opt profile --target tiny-lm --layers 4 --hidden 64 --heads 4 --ffn 128 \
         --dtype bfloat16 --quick --device cpu -o tiny_lm_bf16.profile.json
     python benchmarks/bench_memory.py --profile tiny_lm_bf16.profile.json   # measured act
+
+`--layouts` (world 4): per-layer zero3 over 2 and 4 ranks, TP 2 with zero1 and with
+per-layer zero3 over 1 and 2 units; each GPU's model-state peak (sampled at every FSDP2
+collective and reduce-scatter buffer) against the cost model (per unit / t) and against the
+formula of what FSDP2 holds (`per_layer_peak`, `step_level_peak`), and the saved activations
+against the charge / t and, under TP, `tp_saved_term` (tests/test_memory_layouts.py).
 
 The activation comparison uses a profile of this model (results/bench_memory.json was made
 with results/tiny_lm_bf16.profile.json: the profiler's saved-tensor bytes of one layer and

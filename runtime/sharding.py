@@ -207,7 +207,9 @@ class Sharding:
     def padding(self, plan, rank: int) -> tuple[int, ...]:
         """Per phase, the empty micro-steps this rank runs after its own micro-batches: up to
         the largest count in its shard domain, so every member of a domain calls the per-unit
-        collectives equally often (none at the step-level schedule, shard_domain 0)."""
+        collectives equally often (none at the step-level schedule, shard_domain 0). Under
+        TP `rank` is the plan rank, a unit (execute_step passes tp.unit): every GPU of a
+        unit gets the same padding."""
         if not self.shard_domain:
             return (0,) * len(plan.phases)
         s = self.shard_domain
