@@ -343,14 +343,13 @@ def per_layer_peak(counts: dict, s: int, c: int = 2) -> float:
     return 16 * counts["total"] / s + max(layer, root)
 
 
-def step_level_peak(counts: dict, units: int, t: int, c: int = 2) -> float:
+def step_level_peak(counts: dict, units: int, c: int = 2) -> float:
     """The step-level modes' peak on one GPU (zero1 / zero2 / zero3, shard_domain 0):
-    compute copy c + fp32 accumulator 4 + (master + moments) 12 / units per local
-    parameter; under TP t > 1 the embedding's fp32 accumulator holds the whole vocabulary
-    (DTensor hands its gradient back Replicate, runtime/tensor_parallel.py), 4 V h (t - 1) / t
-    more (measured: its accumulator is [V, h] on every GPU)."""
-    embed = CFG.vocab_size * CFG.hidden * (t - 1) / t
-    return counts["total"] * (c + 4 + 12 / units) + 4 * embed
+    compute copy c + fp32 accumulator 4 + (master + moments) 12 / units per local parameter
+    (under TP the embedding's accumulator too holds only its own rows: before the runtime
+    gave its gradient the parameter's placement it held the whole vocabulary, 4 V h (t - 1)
+    / t more; runtime/tensor_parallel.py `_grad_keeps_placement`)."""
+    return counts["total"] * (c + 4 + 12 / units)
 
 
 def tp_saved_term(cost: CostModel, tokens: int, d: int, r: int, t: int) -> float:
@@ -493,7 +492,7 @@ def layout_rows(workers: DistWorkers, layouts, profile: str | None = None, job=N
         outs = workers.run(job or job_layout, layout, plan.to_json(), batch.to_dict())
         for rank, out in enumerate(outs):
             c, m = out["counts"], out["micro_steps"]
-            formula = per_layer_peak(c, s) if s else step_level_peak(c, world // t, t)
+            formula = per_layer_peak(c, s) if s else step_level_peak(c, world // t)
             got, want = out["peak"]["total"], cost.model_state_bytes() / t
             row = {
                 "world": world, **layout, "rank": rank, "model_states": got,
