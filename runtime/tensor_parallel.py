@@ -301,8 +301,9 @@ class CollectiveBytes(TorchDispatchMode):
 def reduce_partial_grads(model: nn.Module) -> None:
     """Give every gradient its parameter's placement. A norm weight is replicated under
     SequenceParallel and each GPU sees its own tokens, so DTensor leaves its gradient
-    Partial(sum) over TP: one all-reduce of h values per norm. The embedding's comes back
-    Replicate (the whole vocabulary on every GPU): its own rows are a local slice, no traffic.
+    Partial(sum) over TP: one all-reduce of h values per norm. The embedding's would come back
+    Replicate (the whole vocabulary on every GPU); `_grad_keeps_placement` already slices it
+    to its own rows as it is produced (no traffic either way).
     Left as they are, every optimizer op would redistribute again and the sum over units
     would move (and, for a partial one, add) the wrong tensors."""
     for p in model.parameters():
