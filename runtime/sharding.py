@@ -43,6 +43,9 @@ from .tensor_parallel import fsdp_placement
 # "bf16" is mixed precision: bf16 parameters and activations for compute, fp32 gradient
 # accumulation and master weights (the model must be fp32: its parameters are the masters).
 DTYPES = (None, "fp32", "bf16")
+# Modes built with tensor parallelism (`shard(..., tp=)`): FSDP2 over the units' "dp" column;
+# zero3 step-level or per layer (shard_domain in units). `none` (a replica per GPU) is not.
+TP_MODES = ("zero1", "zero2", "zero3")
 
 
 class ShardingModeError(DcpOptError):
@@ -204,7 +207,9 @@ class Sharding:
     def padding(self, plan, rank: int) -> tuple[int, ...]:
         """Per phase, the empty micro-steps this rank runs after its own micro-batches: up to
         the largest count in its shard domain, so every member of a domain calls the per-unit
-        collectives equally often (none at the step-level schedule, shard_domain 0)."""
+        collectives equally often (none at the step-level schedule, shard_domain 0). Under
+        TP `rank` is the plan rank, a unit (execute_step passes tp.unit): every GPU of a
+        unit gets the same padding."""
         if not self.shard_domain:
             return (0,) * len(plan.phases)
         s = self.shard_domain
@@ -216,7 +221,8 @@ class Sharding:
         return tuple(out)
 
 
-def _check_domain(shard_domain, mode: str, world: int) -> None:
+def _check_domain(shard_domain, mode: str, world: int, tp=None) -> None:
+    """`world`: the ranks a domain is counted in: GPUs, or under `tp` the units."""
     if isinstance(shard_domain, bool) or not isinstance(shard_domain, int) or shard_domain < 0:
         raise DcpOptError(f"shard_domain: {shard_domain!r}; allowed: an integer >= 0")
     if shard_domain and mode != "zero3":
@@ -225,8 +231,11 @@ def _check_domain(shard_domain, mode: str, world: int) -> None:
             "shard_domain=0 with any mode, or mode='zero3'"
         )
     if shard_domain and world % shard_domain:
+        where = f"world of {world} ranks"
+        if tp is not None:
+            where = f"{world} units of tensor_parallel {tp.degree} (a domain counts units)"
         raise DcpOptError(
-            f"shard_domain: {shard_domain} does not divide the world of {world} ranks; "
+            f"shard_domain: {shard_domain} does not divide the {where}; "
             f"allowed: {[d for d in range(1, world + 1) if world % d == 0]}"
         )
 
@@ -244,6 +253,21 @@ def _mesh(mode: str, pool: GroupPool, shard_domain: int) -> DeviceMesh:
     return DeviceMesh.from_group(group, device)
 
 
+def _tp_mesh(tp, shard_domain: int) -> DeviceMesh:
+    """Under tensor parallelism FSDP2 shards over the data-parallel column of the TP mesh
+    ("dp": the GPUs of this TP rank, one per unit), which must share the TP mesh's root so
+    that FSDP2 can join them into its ("dp", "tp") or ("replicate", "shard", "tp") parameter
+    mesh (torchtitan's 2-D FSDP + TP and HSDP + TP). Per layer over domains of s < units
+    units, the column is split into (units / s) x s ("replicate" across domains, "shard"
+    inside each) by `DeviceMesh._unflatten` (torch's own way to reshape one dimension of a
+    mesh in place: same root, the sub-groups created collectively)."""
+    dp = tp.mesh["dp"]
+    if shard_domain and shard_domain < tp.num_units:
+        shape = (tp.num_units // shard_domain, shard_domain)
+        return dp._unflatten(0, shape, ("replicate", "shard"))
+    return dp
+
+
 def shard(
     model: nn.Module,
     make_optimizer: Callable,
@@ -259,24 +283,26 @@ def shard(
     its optimizer with `make_optimizer(params)`. Bad input raises before the model changes.
 
     `tp` (runtime/groups.py TPGroups; the model already split by apply_tensor_parallel):
-    zero1 / zero2 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh (as
-    torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
+    zero1 / zero2 / zero3 shard over the units, FSDP2 on the "dp" dimension of the 2-D mesh
+    (as torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
     `shard_domain` > 0 (mode zero3, the plan's Plan.shard_domain): ZeRO-3 per layer over
-    aligned blocks of that many ranks."""
+    aligned blocks of that many ranks; under `tp` that many units (HSDP + TP: each GPU holds
+    1 / s of its TP shard, replicated across the units / s domains; `_tp_mesh`)."""
     _check_inputs(model, make_optimizer, mode, dtype)
-    if tp is not None and mode not in ("zero1", "zero2"):
+    if tp is not None and mode not in TP_MODES:
         raise DcpOptError(
-            f"mode: {mode!r} with tensor parallelism not built; allowed: 'zero1', 'zero2' (or "
+            f"mode: {mode!r} with tensor parallelism not built; allowed: {list(TP_MODES)} (or "
             "no shard(): execute_step sums the gradients over the units)"
         )
-    _check_domain(shard_domain, mode, dist.get_world_size() if dist.is_initialized() else 1)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    _check_domain(shard_domain, mode, world if tp is None else tp.num_units, tp)
     sample = closing_sample(task, model)
     if not isinstance(pool, GroupPool):
         raise DcpOptError(
             f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
             "GroupPool.create() after torch.distributed.init_process_group"
         )
-    mesh = tp.mesh["dp"] if tp is not None else _mesh(mode, pool, shard_domain)
+    mesh = _mesh(mode, pool, shard_domain) if tp is None else _tp_mesh(tp, shard_domain)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
@@ -320,6 +346,11 @@ def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:
             offset += g.numel()
 
 
+def _group(unit):
+    """FSDP2's parameter group of a unit (torch 2.13 `FSDPParamGroup`), or None."""
+    return unit._get_fsdp_state()._fsdp_param_group
+
+
 def held_bytes(sharding: Sharding) -> dict[str, int]:
     """Model-state bytes this rank holds now, from tensor storage (each storage counted once):
     fp32 master shards (`params`), the gathered compute copy (`compute`), gradients (sharded,
@@ -342,12 +373,16 @@ def held_bytes(sharding: Sharding) -> dict[str, int]:
 
     fps, partial = [], []
     for u in sharding.units:
-        group = u._get_fsdp_state()._fsdp_param_group
+        group = _group(u)
         fps += group.fsdp_params if group is not None else []
         # per layer over several domains: the gradient shards wait here for the all-reduce
         partial.append(getattr(group, "_partial_reduce_output", None))
     out = {"params": size(fp.sharded_param for fp in fps)}
-    out["compute"] = size(t for fp in fps for t in fp.all_gather_outputs)
+    # gathered: the units' copied-out buffers, and any all-gather still pending (a prefetch
+    # issued but not yet waited on holds its whole output buffer)
+    pending = [getattr(_group(u), "_all_gather_result", None) for u in sharding.units]
+    gathered = [t for fp in fps for t in fp.all_gather_outputs]
+    out["compute"] = size(gathered + [r.all_gather_output for r in pending if r is not None])
     grads = [fp.sharded_param.grad for fp in fps] + [fp.unsharded_accumulated_grad for fp in fps]
     grads += [fp._unsharded_param.grad for fp in fps if hasattr(fp, "_unsharded_param")]
     out["grads"] = size(grads + partial)

@@ -203,7 +203,34 @@ def apply_tensor_parallel(model: nn.Module, tp) -> nn.Module:
     plan = tp_plan(model, tp.degree)
     if tp.degree == 1:
         return model
-    return parallelize_module(model, tp.mesh["tp"], plan)
+    parallelize_module(model, tp.mesh["tp"], plan)
+    for name, style in plan.items():
+        if isinstance(style, RowwiseParallel) and isinstance(
+            model.get_submodule(name), nn.Embedding
+        ):
+            model.get_submodule(name).register_forward_pre_hook(_grad_keeps_placement)
+    return model
+
+
+def _grad_keeps_placement(module: nn.Module, _args) -> None:
+    """Forward pre-hook of a vocabulary-split embedding. DTensor's embedding backward hands
+    the weight's gradient back Replicate: the whole vocabulary on every GPU, and FSDP2 would
+    accumulate it so ([V, h] in fp32 per GPU, measured: benchmarks/bench_memory.py
+    --layouts). A gradient hook on the weight running now (FSDP2 registers its gathered
+    parameter for the forward; once per parameter object) gives it the parameter's
+    placement first: a local slice of the own rows, no traffic."""
+    weight = module.weight
+    if getattr(weight, "_dcp_grad_placement", False):
+        return
+    placements = weight.placements
+
+    def to_placement(grad):
+        if getattr(grad, "placements", placements) == placements:
+            return grad
+        return grad.redistribute(grad.device_mesh, placements)
+
+    weight.register_hook(to_placement)
+    weight._dcp_grad_placement = True
 
 
 def attention_heads(model: nn.Module) -> int:
@@ -274,8 +301,9 @@ class CollectiveBytes(TorchDispatchMode):
 def reduce_partial_grads(model: nn.Module) -> None:
     """Give every gradient its parameter's placement. A norm weight is replicated under
     SequenceParallel and each GPU sees its own tokens, so DTensor leaves its gradient
-    Partial(sum) over TP: one all-reduce of h values per norm. The embedding's comes back
-    Replicate (the whole vocabulary on every GPU): its own rows are a local slice, no traffic.
+    Partial(sum) over TP: one all-reduce of h values per norm. The embedding's would come back
+    Replicate (the whole vocabulary on every GPU); `_grad_keeps_placement` already slices it
+    to its own rows as it is produced (no traffic either way).
     Left as they are, every optimizer op would redistribute again and the sum over units
     would move (and, for a partial one, add) the wrong tensors."""
     for p in model.parameters():
