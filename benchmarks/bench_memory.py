@@ -80,11 +80,10 @@ def cost_for(world: int, mode: str, dtype: str | None, profile: str | None = Non
 
 
 def saved_term(cost: CostModel, tokens: int, d: int, r: int) -> float:
-    """The saved part of the cost model's activation term: T/d ((L - r) act + r ckpt + head),
-    without the one-layer working set (`+ act`), which autograd does not save."""
-    co, L = cost.coeffs, cost.model.num_layers
-    per = (L - r) * co.act_bytes_per_token_layer + r * co.ckpt_bytes_per_token_layer
-    return tokens / d * (per + co.head_bytes_per_token)
+    """The saved part of the cost model's activation term per unit (CostModel.
+    saved_activation_bytes: T/d ((L - r) act + r ckpt + head), without the one-layer working
+    set, which autograd does not save)."""
+    return float(cost.saved_activation_bytes(tokens, d, r))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -328,16 +327,17 @@ def local_counts(model) -> dict[str, int]:
 
 def per_layer_peak(counts: dict, s: int, c: int = 2) -> float:
     """The in-flight model-state peak of per-layer zero3 on one GPU, as FSDP2 holds it
-    (docs/architecture.md, "Past the memory wall"; sampled at every collective and
-    reduce-scatter buffer by job_layout): 16 B / s per parameter (fp32 master, gradient
-    shard, Adam moments) + the root unit's gathered parameters and the head's (and final
-    norm's) compute-dtype gradients, c (P_root + P_head), + at block i's reduce-scatter
-    block i - 1 prefetched (c), block i's fp32 reduce-scatter input (4) and output (4 / s):
-    (c + 4 + 4 / s) P_block, or between two collectives block i's parameters and gradients
-    with block i - 1, 3 c P_block; or, where larger, the root's own reduce-scatter:
-    (max(c + 4, 4 + 4 / s)) P_root (its compute-dtype gradients with the fp32 input, then
-    the input with the output). `counts`: local_counts (a TP shard's under TP)."""
-    block = max(c + 4 + 4 / s, 3 * c) * counts["block"]
+    (docs/architecture.md, "Past the memory wall"; sampled at every collective, reduce-scatter
+    buffer and copy-in by job_layout): 16 B / s per parameter (fp32 master, gradient shard,
+    Adam moments) + the root unit's gathered parameters and the head's (and final norm's)
+    compute-dtype gradients, c (P_root + P_head), + at block i's reduce-scatter, with block
+    i - 1 prefetched (c): at the copy-in block i's compute-dtype gradients (c, freed only
+    after it: torch's foreach_reduce) and its fp32 input (4), then the input with the output
+    (4 / s): max(2 c + 4, c + 4 + 4 / s) P_block; or between two collectives block i's
+    parameters and gradients with block i - 1, 3 c P_block; or, where larger, the root's own
+    reduce-scatter: max(c + 4, 4 + 4 / s) P_root. `counts`: local_counts (a TP shard's under
+    TP)."""
+    block = max(2 * c + 4, c + 4 + 4 / s, 3 * c) * counts["block"]
     layer = c * (counts["root"] + counts["head"]) + block
     root = max(c + 4, 4 + 4 / s) * counts["root"]
     return 16 * counts["total"] / s + max(layer, root)
@@ -422,6 +422,14 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
         sample()
         return out
 
+    def copy_in(grads, into, world_size):
+        """The copy-in: the block's compute-dtype gradients are alive (FSDP2 frees them only
+        after it) beside the fp32 input just allocated; held_bytes does not see them."""
+        buffers.append(sum(x.numel() * x.element_size() for x in grads))
+        sample()
+        buffers.pop()
+        return inner_copy(grads, into, world_size)
+
     def reduce(*args, **kw):
         buffers.clear()
         try:
@@ -434,12 +442,14 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
         sample()
 
     inner_reduce, inner_alloc = fsdp_group.foreach_reduce, fsdp_coll.DefaultReduceScatter.allocate
+    inner_copy = fsdp_coll.foreach_reduce_scatter_copy_in
     try:
         for name in which if layout["shard_domain"] else ():
             setattr(dist, name, wrap(name))
         if layout["shard_domain"]:
             fsdp_group.foreach_reduce = reduce
             fsdp_coll.DefaultReduceScatter.allocate = allocate
+            fsdp_coll.foreach_reduce_scatter_copy_in = copy_in
         for step in range(2):
             sent.clear()
             task.per_mb.clear()
@@ -452,6 +462,7 @@ def job_layout(ctx, layout: dict, plan_json: str, batch_dict: dict):
             setattr(dist, name, inner[name])
         fsdp_group.foreach_reduce = inner_reduce
         fsdp_coll.DefaultReduceScatter.allocate = inner_alloc
+        fsdp_coll.foreach_reduce_scatter_copy_in = inner_copy
     steps = len(report.micro_batches) + sum(report.padding) + 1
     if not layout["shard_domain"]:  # step-level: the probe is the step's peak (issue 14)
         peak = {**held, "total": sum(held.values())}

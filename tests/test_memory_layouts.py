@@ -8,9 +8,8 @@ What runs is held to formulas written from what each GPU holds (bench_memory.per
 step_level_peak, tp_saved_term; docs/architecture.md, "Past the memory wall"): model states
 within 1 %, saved activations within 10 %, the per-layer gathers and reduce-scatters inside
 the domain within 1 % of 2 x 2 + 4 B per local parameter and micro-step. The cost model's own
-figures (dcp_opt/cost: CostModel.model_state_bytes, the activation term) are held to the same
-tolerances where they already charge what runs, and as strict expected failures where they
-do not yet (a strict xfail turns into a failure once the cost model is fixed: then drop it)."""
+figures (dcp_opt/cost: CostModel.model_state_bytes, CostModel.saved_activation_bytes) are held
+to the same tolerances: model states within 1 %, saved activations within 10 %."""
 
 from __future__ import annotations
 
@@ -87,12 +86,6 @@ def test_tp_holds_its_formula_and_saves_what_dtensor_tp_saves(workers, layout):
         check_traffic(r)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dcp_opt/cost/zero3.py state_parts lacks the reduce-scatter output (4 / s P_layer) "
-    "and the root's reduce-scatter; units.py charges TP activations / t (see "
-    "docs/architecture.md, 'Past the memory wall': what the cost model must charge)",
-)
 @pytest.mark.parametrize("layout", PER_LAYER + TP, ids=name)
 def test_the_cost_model_charges_what_runs(workers, layout):
     """CostModel.model_state_bytes() / t within 1 % and the activation term's saved part / t

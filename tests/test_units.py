@@ -104,9 +104,14 @@ def test_tp_charges_by_hand():
     p = MODEL.total_params
     per_gpu = two.model_state_bytes() / 2
     assert per_gpu == pytest.approx(p * (2 + 4) / 2 + 12 * p / 8, rel=1e-12)
-    # activations per GPU / t: a unit holds t GPUs and the per-unit bytes of one GPU at t=1
+    # activations per GPU / t: a unit holds t GPUs and the per-unit bytes of one GPU at t=1,
+    # + what DTensor TP saves whole (tests/test_memory_layouts.py): the column-parallel
+    # projections' gathered input, 2 h c (t - 1) per token and layer (L kept + the working
+    # one), and the head's whole logits on each GPU, (t - 1) x head more per unit
+    co, L, h, c = one.coeffs, MODEL.num_layers, MODEL.hidden, MODEL.dtype_bytes
+    extra = 4096 * ((L + 1) * 2 * h * c * (2 - 1) + (2 - 1) * co.head_bytes_per_token)
     assert two.memory(4096, 1) - two.fixed_bytes() == pytest.approx(
-        one.memory(4096, 1) - one.fixed_bytes(), rel=1e-12
+        one.memory(4096, 1) - one.fixed_bytes() + extra, rel=1e-12
     )
     assert two.capacity() == 2 * one.capacity()
 
@@ -347,7 +352,7 @@ def test_cli_without_a_mode_takes_the_least_sharded_that_fits(tmp_path, capsys):
     assert (
         "optimizer sharding: zero3 per layer over shard domains of 4 units (zero1's model " in err
     )
-    assert "states 66.1 GB + the longest sequence (96593 tokens) need 73.8 GB of 72.0 GB" in err
+    assert "states 66.1 GB + the longest sequence (96593 tokens) need 82.3 GB of 72.0 GB" in err
     assert "zero2 and zero3 once per step hold the same" in err
     plan = Plan.from_json(out.read_text())
     assert (plan.optimizer_sharding, plan.shard_domain, plan.tensor_parallel) == ("zero3", 4, 8)

@@ -40,7 +40,7 @@ class Memory:
     def _act_bytes(self, d, kind: str):
         """Saved bytes per local token per layer: the coefficient, plus under cp the
         gathered K/V of the other members (cp_cost.extra_act_bytes); ring keeps Ulysses'."""
-        act = self.coeffs.act_bytes_per_token_layer
+        act = self.coeffs.act_bytes_per_token_layer + self._tp_gathered_input_bytes()
         if kind == "ulysses":
             return act
         cp_cost.check_kind(self.model, kind)
@@ -48,11 +48,34 @@ class Memory:
             return act
         return act + cp_cost.extra_act_bytes(self.model, d)
 
+    def _tp_gathered_input_bytes(self) -> float:
+        """Per unit, local token and kept layer, what torch's DTensor TP saves beyond 1/t of
+        the activations: the column-parallel projections (qkv, the MLP's first) save their
+        all-gathered input whole, 2 h c (t - 1) per unit (each of the t GPUs holds (t - 1)/t
+        more than its shard of 2 h c). Measured: tests/test_memory_layouts.py (bench_memory
+        tp_saved_term); Megatron's sequence parallelism instead re-gathers it in backward
+        (Korthikanti et al. 2022 sec. 4.2.2), which this runtime does not."""
+        t = self.tensor_parallel
+        if t == 1:
+            return 0.0
+        return 2.0 * self.model.hidden * self.model.dtype_bytes * (t - 1)
+
     def _head_bytes(self, d, kind: str):
         """Bytes per local token held once (not per layer): the head's, plus under ring the
         working layer's ring buffers (ring_cost.buffer_bytes)."""
-        head = self.coeffs.head_bytes_per_token
+        # x t under TP: the head returns whole logits (no loss parallelism), so each GPU of a
+        # unit holds a whole head term (tests/test_memory_layouts.py)
+        head = self.coeffs.head_bytes_per_token * self.tensor_parallel
         return head + ring_cost.buffer_bytes(self.model, d) if kind == "ring" else head
+
+    def saved_activation_bytes(self, tokens, d, recompute_layers=0, kind="ulysses"):
+        """Per unit, the bytes autograd saves for a micro-batch of `tokens` on a degree-d
+        group: T/d ((L - r) act + r ckpt + head), without memory()'s one-layer working set
+        (benchmarks/bench_memory.py measures this part; a GPU of a unit holds 1/t)."""
+        co, L = self.coeffs, self.model.num_layers
+        r = np.asarray(recompute_layers, dtype=float)
+        per = (L - r) * self._act_bytes(d, kind) + r * co.ckpt_bytes_per_token_layer
+        return np.asarray(tokens, dtype=float) / d * (per + self._head_bytes(d, kind))
 
     def memory(self, tokens, d, recompute_layers=0, kind="ulysses"):
         """Peak bytes on each member of a degree-d group (elementwise over tokens, d, r)."""

@@ -77,26 +77,27 @@ def state_parts(model, s: int) -> dict[str, float]:
     """Model-state bytes per unit under per-layer zero3 over s units at the peak of a
     micro-step, by part; c = the compute dtype's bytes (model.dtype_bytes, 2 for bf16):
     - sharded: 16 B / s per parameter: fp32 master 4, fp32 gradient shard 4, Adam 8;
-    - in flight in backward (docs/cost-model.md, "ZeRO-3 per layer", with the measurement it
-      rests on): the root unit's gathered parameters c P_root (held from the head's backward
-      to the end of the micro-step) and the head's compute-dtype gradients c P_head (waiting
-      for the root's reduce-scatter); at layer i's reduce-scatter copy-in, layer i - 1
-      gathered by FSDP2's default backward prefetch (the runtime sets none of its own)
-      c P_layer, layer i's compute-dtype gradients c P_layer and their fp32 reduce-scatter
-      input 4 P_layer (FSDP2's foreach_reduce frees the gradients only after the copy-in),
-      or, if larger, between two collectives layer i's parameters and gradients and the
+    - in flight in backward: the root unit's gathered parameters c P_root (held from the
+      head's backward to the end of the micro-step) and the head's compute-dtype gradients
+      c P_head (waiting for the root's reduce-scatter); at layer i's reduce-scatter, with
+      layer i - 1 gathered by FSDP2's default backward prefetch (the runtime sets none of its
+      own, c P_layer): at the copy-in layer i's compute-dtype gradients c P_layer and their
+      fp32 input 4 P_layer (torch 2.13 `foreach_reduce` frees the gradients only after the
+      copy-in), then the input with the reduce-scatter's output 4 / s P_layer; or, if
+      larger, between two collectives layer i's parameters and gradients and the
       prefetched layer, 3 c P_layer;
-    - or, if larger, the root's own copy-in, (c + 4) P_root (its parameters resharded).
-    Forward holds less: the current and the prefetched layer, 2 c P_layer. Sampled at every
-    collective call, the runtime's peak is this less the copy-in's c P_layer of gradients
-    (freed before the reduce-scatter call): tests/test_units.py checks both."""
+    - or, if larger, the root's own reduce-scatter, max(c + 4, 4 + 4 / s) P_root.
+    Forward holds less: the current and the prefetched layer, 2 c P_layer. Measured on
+    gloo, bf16, world 4 (held bytes sampled at every FSDP2 collective, reduce-scatter buffer
+    and copy-in: benchmarks/bench_memory.py per_layer_peak, tests/test_memory_layouts.py)."""
     p, lp, rp = model.total_params, layer_params(model), root_params(model)
     c = float(model.dtype_bytes)
-    per_layer = max(2 * c + REDUCE_BYTES, 3 * c)
+    copy_in, scatter, between = 2 * c + REDUCE_BYTES, c + REDUCE_BYTES * (1 + 1 / s), 3 * c
+    per_layer = max(copy_in, scatter, between)
     layer_peak = c * (rp + head_params(model)) + per_layer * lp
-    root_peak = (c + REDUCE_BYTES) * rp
+    root_peak = max(c + REDUCE_BYTES, REDUCE_BYTES * (1 + 1 / s)) * rp
     if layer_peak >= root_peak:  # gathered: the root, one layer (two if 3 c is the larger)
-        w = c * (rp + (2 if 3 * c > 2 * c + REDUCE_BYTES else 1) * lp)
+        w = c * (rp + (2 if between > max(copy_in, scatter) else 1) * lp)
         g = layer_peak - w
     else:
         w, g = 0.0, root_peak
