@@ -102,7 +102,7 @@ def sequence_stage_times(layout: StageLayout, batch, degrees) -> tuple:
     cross = np.array([c % p != (c + 1) % p for c in range(layout.num_virtual - 1)], dtype=float)
     bw = max(cl.intra_node_bw, cl.inter_node_bw)
     lat = min(cl.intra_node_latency_s, cl.inter_node_latency_s)
-    sent = feats[:, -2] * m.hidden * m.dtype_bytes / layout.tensor_parallel
+    sent = feats[:, -2] * m.hidden * m.dtype_bytes  # per unit (stages.py)
     x = np.array([cross[:, None] * (sent / d / bw + lat) for d in degrees])
     return f, b, x
 

@@ -84,12 +84,12 @@ def column(layout: StageLayout, batch: Batch, group, *, phase: int = 0, start_s:
 def stage_sync_s(layout: StageLayout) -> float:
     """The step's collectives under a pipeline (the module docstring), the slowest stage."""
     cost, cl = layout.cost, layout.cost.cluster
-    n, t = layout.num_units, layout.tensor_parallel
+    n = layout.num_units  # units of the cost model's cluster of units (stages.py)
     extra = cost.step_overhead_s + cost.closing_step_time()
     if n == 1:
         return extra
-    bw = cl.inter_node_bw if n * t > cl.gpus_per_node else cl.intra_node_bw
-    volume = stage_params(layout).max() / t * cost.grad_reduce_bytes_per_param
+    bw = cl.inter_node_bw if n > cl.gpus_per_node else cl.intra_node_bw
+    volume = stage_params(layout).max() * cost.grad_reduce_bytes_per_param
     return 2 * (n - 1) / n * volume / bw + extra
 
 

@@ -101,7 +101,7 @@ def solve_order(f, b, x, *, schedule: str, num_stages: int, virtual: int = 1, hi
 
 
 def plan_pp_cpsat(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
-                  virtual_stages: int = 1, tensor_parallel: int = 1,
+                  virtual_stages: int = 1, tensor_parallel: int | None = None,
                   max_tokens: int | None = None, time_limit_s: float = 10.0,
                   num_workers: int = 1, seed: int = 0):  # fmt: skip
     """greedy's plan, then each column's order by CP-SAT (slowest column first, the time

@@ -24,7 +24,7 @@ from dcp_opt.errors import DcpOptError, InfeasibleError
 from dcp_opt.pipeline.bound import batch_lower_bound, column_lower_bound
 from dcp_opt.pipeline.build import pipeline_plan
 from dcp_opt.pipeline.check import stage_sync_s
-from dcp_opt.pipeline.stages import stage_cluster, stage_layout
+from dcp_opt.pipeline.stages import pipeline_cost, stage_cluster, stage_layout
 from dcp_opt.plan import Group, MicroBatch
 from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
@@ -100,14 +100,14 @@ def window_tokens(inst: Instance, d: int) -> float:
     recomputed, fit stage s (the 1F1B window; a first guess, fit_recompute decides). A
     longer sequence gets a micro-batch of its own (compose.pack)."""
     lay = inst.layout
-    co, p, t = lay.cost.coeffs, lay.num_stages, lay.tensor_parallel
+    co, p = lay.cost.coeffs, lay.num_stages
     col = Column(d, 0, [[0]], np.zeros((1, p), dtype=int))
     room = col.memory(inst)[2]
     out = float("inf")
     for s, n in enumerate(lay.pipeline.stage_layers):
         per_token = (p - s) * n * co.ckpt_bytes_per_token_layer + co.act_bytes_per_token_layer
         per_token += co.head_bytes_per_token if s == p - 1 else 0.0
-        out = min(out, room[s] * d * t / per_token)
+        out = min(out, room[s] * d / per_token)
     return out
 
 
@@ -147,11 +147,12 @@ def to_groups(inst: Instance, cols: list) -> list[Group]:
 
 
 def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
-                   virtual_stages: int = 1, tensor_parallel: int = 1,
+                   virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
                    seed: int = 0) -> PlanResult:  # fmt: skip
     started = time.perf_counter()
-    layout = stage_layout(cost, make_pipeline(cost, pp, schedule, virtual_stages), tensor_parallel)
+    cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
+    layout = stage_layout(cost, make_pipeline(cost, pp, schedule, virtual_stages))
     inst = Instance(layout, batch)
     cap = float(max_tokens or max(131072, int(inst.tokens.max())))
     degrees = stage_cluster(layout).allowed_degrees

@@ -47,7 +47,7 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
     acts = column_actions(pipe.schedule, p, len(col.mbs), pipe.virtual_stages)
     stored_a, work_a, room = col.memory(inst)
     stored, work = stored_a.tolist(), work_a.tolist()
-    local = [float(inst.tokens[mb].sum()) / col.degree / lay.tensor_parallel for mb in col.mbs]
+    local = [float(inst.tokens[mb].sum()) / col.degree for mb in col.mbs]
     act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
     todo = list(range(p))
     for _ in range(max_rounds):
