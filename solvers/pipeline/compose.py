@@ -71,24 +71,20 @@ def consecutive(inst: Instance, d: int, max_tokens: float) -> list[list[int]]:
     only by the per-micro-batch constant)."""
     lay = inst.layout
     p, n = lay.num_stages, lay.num_units // d
-    a, c0 = inst.additive(d).tolist(), inst.per_micro_batch(d)
-    tok = inst.tokens.tolist()
-    idx = np.argsort(inst.tokens, kind="stable").tolist()
+    c0 = inst.per_micro_batch(d)
+    idx = np.argsort(inst.tokens, kind="stable")
+    a, tok = inst.additive(d)[idx], inst.tokens[idx]
+    ca, ct = np.concatenate([[0.0], np.cumsum(a)]), np.concatenate([[0.0], np.cumsum(tok)])
     best, best_v = None, float("inf")
-    top = max(a)
-    for limit in [top * x for x in (1, 1.5, 2, 3, 4, 8, 16, 64)]:
-        mbs, cur, t, room, times = [], [], 0.0, max_tokens, []
-        for i in idx:
-            if cur and (t + a[i] > limit or tok[i] > room):
-                mbs.append(cur)
-                times.append(t + c0)
-                cur, t, room = [], 0.0, max_tokens
-            cur.append(i)
-            t += a[i]
-            room -= tok[i]
-        mbs.append(cur)
-        times.append(t + c0)
-        v = sum(times) / n + (p - 1) * max(times)
+    for limit in [float(a.max()) * x for x in (1, 1.5, 2, 3, 4, 8, 16, 64)]:
+        cuts, i = [0], 0
+        while i < len(a):  # the longest run from i within the cap and the tokens, >= 1
+            j = min(np.searchsorted(ca, ca[i] + limit, side="right"),
+                    np.searchsorted(ct, ct[i] + max_tokens, side="right")) - 1  # fmt: skip
+            i = max(int(j), i + 1)
+            cuts.append(i)
+        times = np.diff(ca[cuts]) + c0
+        v = times.sum() / n + (p - 1) * times.max()
         if v < best_v:
-            best, best_v = mbs, v
-    return best
+            best, best_v = cuts, v
+    return [idx[x:y].tolist() for x, y in zip(best[:-1], best[1:], strict=True)]

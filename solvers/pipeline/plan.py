@@ -21,7 +21,7 @@ import numpy as np
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import DcpOptError, InfeasibleError
-from dcp_opt.pipeline.bound import batch_lower_bound, column_lower_bound
+from dcp_opt.pipeline.bound import batch_bound_parts, column_lower_bound
 from dcp_opt.pipeline.build import pipeline_plan
 from dcp_opt.pipeline.check import stage_sync_s
 from dcp_opt.pipeline.stages import pipeline_cost, stage_cluster, stage_layout
@@ -78,10 +78,11 @@ def search(inst: Instance, degrees, cap: float, deadline: float):
         a, c0 = inst.additive(d), inst.per_micro_batch(d)
         ncol = lay.num_units // d
         tokens = min(cap, window_tokens(inst, d))
-        for m in COUNTS:
-            mbs = pack(inst, d, min(ncol * m * p, len(inst.ids)), tokens)
-            t = np.array([a[mb].sum() for mb in mbs]) + c0
-            est = t.sum() / ncol / p + (p - 1) * t.max() / p
+        total, top = float(a.sum()), float(a.max())
+        least = -(-float(inst.tokens.sum()) // tokens)  # micro-batches the token cap needs
+        for m in COUNTS:  # LPT's slowest micro-batch is about max(longest, mean) (Graham)
+            k = max(min(ncol * m * p, len(inst.ids)), least)
+            est = (total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p
             cands.append((est, d, m, tokens))
         t = np.array([a[mb].sum() for mb in consecutive(inst, d, tokens)]) + c0
         cands.append((t.sum() / ncol / p + (p - 1) * t.max() / p, d, 0, tokens))
@@ -186,15 +187,30 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
     sched = lay.pipeline.schedule
     order_lb = max(column_lower_bound(*c.times(inst), num_stages=lay.num_stages, schedule=sched)
                    for _, c in cols) + stage_sync_s(lay)  # fmt: skip
-    stats.update(order_bound_s=order_lb, order_gap=sim.step_time_s / order_lb - 1.0)
+    one = single_phase_bound_s(inst)
+    stats.update(order_bound_s=order_lb, order_gap=sim.step_time_s / order_lb - 1.0,
+                 single_phase_bound_s=one, single_phase_gap=sim.step_time_s / one - 1.0)  # fmt: skip
     return PlanResult(status, plan, sim.step_time_s, bound, time.perf_counter() - started,
                       planner, "", stats)  # fmt: skip
 
 
 def bound_s(inst: Instance) -> float:
-    """The batch's certified lower bound of the step (finish bound + the collectives)."""
-    lay = inst.layout
-    degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
-    if not degrees:
-        raise DcpOptError("pp: no degree divides a stage's units")
-    return batch_lower_bound(lay, inst.batch, degrees) + stage_sync_s(lay)
+    """The batch's certified lower bound of the step over every valid plan (finish bound +
+    the collectives; dcp_opt/pipeline/bound.py (1), (2), (4))."""
+    return _bound_parts(inst)["bound_s"] + stage_sync_s(inst.layout)
+
+
+def single_phase_bound_s(inst: Instance) -> float:
+    """The batch's bound over every single-phase plan (each unit runs one column: every
+    pipeline planner's and baseline's plan), with the window bound (5) as well."""
+    return _bound_parts(inst)["single_phase_bound_s"] + stage_sync_s(inst.layout)
+
+
+def _bound_parts(inst: Instance) -> dict:
+    if "bound" not in inst._memo:
+        lay = inst.layout
+        degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
+        if not degrees:
+            raise DcpOptError("pp: no degree divides a stage's units")
+        inst._memo["bound"] = batch_bound_parts(lay, inst.batch, degrees)
+    return inst._memo["bound"]
