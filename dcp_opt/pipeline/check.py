@@ -161,11 +161,15 @@ def _recompute_problem(mb, stage_layers) -> str:
 
 
 def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str, str]]:
-    c = column(layout, batch, g)
+    pipe = layout.pipeline
+    _, tokens, rec = column_features(layout, batch, g)
+    stored, work = column_memory(layout, tokens, g.degree, rec)
+    peaks = np.array(stage_peaks(stored, work, schedule=pipe.schedule, num_stages=pipe.num_stages,
+                                 virtual=pipe.virtual_stages)) + stage_fixed_bytes(layout)  # fmt: skip
     out = []
-    for s, need in enumerate(c.peak_bytes):
+    for s, need in enumerate(peaks.tolist()):
         cap = stage_capacity(layout, s, g.start_rank, g.degree)
         if need > cap * (1 + 1e-9):
             out.append(("OUT_OF_MEMORY", f"{where} stage {s}: in-flight micro-batches need "
-                        f"{need / 1e9:.2f} GB per GPU at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
+                        f"{need / 1e9:.2f} GB per rank at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
     return out

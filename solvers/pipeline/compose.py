@@ -10,46 +10,41 @@ far (LPT again); under the interleaved schedule each column takes exactly K / C 
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from .instance import Column, Instance
 
 
-def pack(inst: Instance, d: int, num_bins: int, max_tokens: float) -> list[list[int]]:
+def pack(inst: Instance, d: int, num_bins: int, max_tokens: float, ids=None) -> list[list[int]]:
+    """LPT of the sequences `ids` (default all) into num_bins micro-batches: each, heaviest
+    first, to the least loaded one with room for its tokens (ties: the lowest index), or a
+    new one when none has."""
     a = inst.additive(d)
-    tok = inst.tokens.tolist()
-    least = min(tok)
+    tok = inst.tokens
+    ids = np.arange(len(a)) if ids is None else np.asarray(ids, dtype=int)
+    order = ids[np.argsort(-a[ids], kind="stable")]
+    size = num_bins + len(order)  # at most one new micro-batch per sequence
+    load, room = np.full(size, np.inf), np.full(size, float(max_tokens))
+    load[:num_bins] = 0.0
+    used = num_bins
     bins: list[list[int]] = [[] for _ in range(num_bins)]
-    room = [float(max_tokens)] * num_bins
-    heap = [(0.0, k) for k in range(num_bins)]
-    order = np.argsort(-a, kind="stable").tolist()
-    al = a.tolist()
-    for i in order:
-        skipped = []
-        while heap and room[heap[0][1]] < tok[i]:
-            x = heapq.heappop(heap)
-            if room[x[1]] >= least:  # a bin no sequence fits any more is dropped
-                skipped.append(x)
-        if heap:
-            load, k = heapq.heappop(heap)
-        else:  # no open micro-batch has room: open one
+    for i, t, w in zip(order.tolist(), tok[order].tolist(), a[order].tolist(), strict=True):
+        k = int(np.argmin(np.where(room[:used] >= t, load[:used], np.inf))) if used else 0
+        if not used or room[k] < t:  # no open micro-batch has room: open one
+            k, used = used, used + 1
+            load[k] = 0.0
             bins.append([])
-            room.append(float(max_tokens))
-            load, k = 0.0, len(bins) - 1
         bins[k].append(i)
-        room[k] -= tok[i]
-        if room[k] >= least:
-            heapq.heappush(heap, (load + al[i], k))
-        for x in skipped:
-            heapq.heappush(heap, x)
+        room[k] -= t
+        load[k] += w
     return [b for b in bins if b]
 
 
-def columns(inst: Instance, d: int, mbs: list[list[int]], *, equal_counts: bool = False):
-    """Draft columns of degree d over one stage's units (start units 0, d, 2d, ...)."""
-    n = inst.layout.num_units // d
+def columns(inst: Instance, d: int, mbs: list[list[int]], *, equal_counts: bool = False,
+            start: int = 0, units: int | None = None):  # fmt: skip
+    """Draft columns of degree d over `units` of a stage's units from `start` (default all:
+    start units 0, d, 2d, ...)."""
+    n = (inst.layout.num_units if units is None else units) // d
     a = inst.additive(d)
     w = [float(a[mb].sum()) for mb in mbs]
     cap = -(-len(mbs) // n) if equal_counts else len(mbs)
@@ -59,8 +54,29 @@ def columns(inst: Instance, d: int, mbs: list[list[int]], *, equal_counts: bool 
         out[c].append(mbs[k])
         load[c] += w[k]
     p = inst.layout.num_stages
-    return [Column(d, c * d, col, np.zeros((len(col), p), dtype=int)) for c, col in
+    return [Column(d, start + c * d, col, np.zeros((len(col), p), dtype=int)) for c, col in
             enumerate(out) if col]  # fmt: skip
+
+
+def split_by_degree(inst: Instance, hi: int, lo: int, lo_tokens: float, units_hi: int):
+    """Mixed columns (Megatron dev's dynamic CP gives each group its own size; here each
+    column keeps one): sequences longer than lo_tokens, and then the longest others while
+    the high-degree units are the less loaded per unit, to columns of degree hi on the first
+    units_hi units; the rest to columns of degree lo. (hi ids, lo ids)."""
+    key = ("split", hi, lo, lo_tokens)
+    if key not in inst._memo:
+        tok = inst.tokens
+        order = np.argsort(-tok, kind="stable")
+        k = int((tok[order] > lo_tokens).sum())
+        forced = float((inst.additive(hi)[order[:k]] * hi).sum())
+        moved = (inst.additive(hi)[order[k:]] * hi).cumsum()  # GPU-s with ..i moved
+        stay = (inst.additive(lo)[order[k:]] * lo)[::-1].cumsum()[::-1]  # with i.. kept
+        inst._memo[key] = (order, k, forced, moved, stay)
+    order, k, forced, moved, stay = inst._memo[key]
+    n = inst.layout.num_units
+    over = (forced + moved) / units_hi - stay / (n - units_hi) >= 0
+    j = k + int(np.searchsorted(over, True))
+    return order[:j].tolist(), order[j:].tolist()
 
 
 def consecutive(inst: Instance, d: int, max_tokens: float) -> list[list[int]]:

@@ -66,7 +66,9 @@ class Instance:
 
     @property
     def tokens(self) -> np.ndarray:
-        return self.feats[:, -2]
+        if "tokens" not in self._memo:
+            self._memo["tokens"] = np.ascontiguousarray(self.feats[:, -2])
+        return self._memo["tokens"]
 
     def additive(self, d: int) -> np.ndarray:
         """(S,) each sequence's seconds summed over the stages at degree d, less what a
