@@ -1,15 +1,21 @@
 """pp_greedy: a pipeline plan in milliseconds (issue 30).
 
-Search: for each degree d a stage's units allow (columns of d units, equal on every stage)
-the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's shape) and
-each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the sequences),
-compose (compose.pack) and assign to columns (compose.columns), order each
-column by the best named order (order.best_named), fit per-stage recompute
-(recompute.fit_recompute), and score the slowest column's exact makespan. The best draft
-then gets local search on its slowest columns, its recompute refit after each reorder.
-`time_limit_s` covers it all: the search stops at 35 % of it (once a draft fits), local
-search at 60 %, leaving the rest to validate, simulate and bound. Every answer carries the batch's certified lower bound
-(dcp_opt/pipeline/bound.py) + the step's collectives, and its gap.
+Search, on each layer split of `stage_splits` (the parameter-balanced one and Megatron-LM's
+even default): for each degree d a stage's units allow (columns of d units, equal on every
+stage) the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's
+shape) and each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the
+sequences); and mixed columns (compose.split_by_degree: the long sequences on columns of a
+high degree hi, the rest on columns of a low degree lo, hi / 8 <= lo < hi, the units split
+near their GPU-seconds). Each choice is composed (compose.pack, LPT) and assigned to columns
+(compose.columns), each column ordered by the best named order (order.best_named), its
+per-stage recompute fitted (recompute.fit_recompute), and scored by the slowest column's
+exact makespan; choices are drafted in the order of a stage-uniform estimate (`estimate`).
+The best draft then gets local search (order.local_search) on its slowest columns, its
+recompute refit after each reorder. `time_limit_s` covers it all: the search stops at 30 %
+of it (once a draft fits), local search at 50 %, leaving the rest to validate, simulate
+and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
+bound.py) + the step's collectives, and its gap; `stats` the single-phase bound and gap
+and the order bound of its own micro-batches.
 """
 
 from __future__ import annotations
@@ -144,7 +150,7 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
                 ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units)
                 if not ids_lo or not ids_hi:
                     continue
-                for m in (p, 2 * p):
+                for m in (p, 2 * p, 4 * p, 8 * p):
                     est = max(estimate(inst, hi, ids_hi, units, m, cap),
                               estimate(inst, lo, ids_lo, n - units, m, lo_tokens))  # fmt: skip
                     out.append((est, functools.partial(mixed_draft, inst, hi, lo, units, m, cap)))
@@ -210,12 +216,12 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
     best, inst = None, None
     splits = stage_splits(cost, pp, virtual_stages)
-    for i, layers in enumerate(splits):  # each split its share of the search's 35 %
+    for i, layers in enumerate(splits):  # each split its share of the search's 30 %
         lay = stage_layout(cost, Pipeline(layers, schedule, virtual_stages))
         here = Instance(lay, batch)
         cap = float(max_tokens or max(131072, int(here.tokens.max())))
         degrees = stage_cluster(lay).allowed_degrees
-        got = search(here, degrees, cap, started + 0.35 * time_limit_s * (i + 1) / len(splits))
+        got = search(here, degrees, cap, started + 0.3 * time_limit_s * (i + 1) / len(splits))
         if got is not None and (best is None or got[0] < best[0]):
             best, inst = got, here
     if best is None:
@@ -224,7 +230,7 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
             f"stages' memory windows (p = {pp}, stage layers {list(splits)}, max_tokens "
             f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
-    cols = improve(inst, best[1], started + 0.6 * time_limit_s)  # the rest: the tail
+    cols = improve(inst, best[1], started + 0.5 * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
 
