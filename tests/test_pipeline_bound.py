@@ -247,3 +247,25 @@ def test_memory_bounds_bind_where_memory_does():
     assert parts["single_phase_bound_s"] > parts["bound_s"] * 1.01
     r = run_planner("pp_greedy", batch, TIGHT, pp=2)
     assert parts["single_phase_bound_s"] <= r.predicted_step_time_s
+
+
+@settings(max_examples=10, deadline=None)
+@given(columns(max_m=5))
+def test_cpsat_certified_bound_is_below_the_exhaustive_optimum(col):
+    # real-valued times: CP-SAT rounds each to `unit`; its certified bound takes the worst
+    # rounding of a path off its dual bound
+    f, b, x, kw = col
+    if kw["schedule"] == "interleaved" or len(f[0]) < 2:
+        return
+    got = solve_order(f, b, x, schedule=kw["schedule"], num_stages=kw["num_stages"],
+                      virtual=kw["virtual"], time_limit_s=5)  # fmt: skip
+    best = min(_ms(f, b, x, o, **kw) for o in itertools.permutations(range(len(f[0]))))
+    assert got["certified_bound_s"] <= best * (1 + 1e-12)
+
+
+def test_pp_cpsat_reports_an_order_bound_at_or_below_its_step():
+    from dcp_opt.workloads import standard_batch
+
+    batch = standard_batch("1d-balanced", 0, num_gpus=8, tokens_per_gpu=4096)
+    r = run_planner("pp_cpsat", batch, COST, pp=2, time_limit_s=2.0)
+    assert r.stats["order_bound_s"] <= r.predicted_step_time_s * (1 + 1e-9)

@@ -10,9 +10,9 @@ dcp_opt/pipeline/bound.py, are short when the first and last micro-batches are);
 middle, light ends" and its mirror; and the named orders of the micro-batches' stage-0
 forward and last-stage backward (the fill and drain) where those rank differently.
 
-Local search: best improvement over every swap of two positions and every move of one
-micro-batch to another position, each round all priced at once, until no move improves or
-the deadline passes."""
+Local search: over every swap of two positions and every move of one micro-batch to another
+position, priced a chunk at a time (the best of the first chunk that improves), until no
+move improves or the deadline passes."""
 
 from __future__ import annotations
 
@@ -73,29 +73,43 @@ def best_named(col: Column, inst: Instance, times) -> tuple[list[int], float]:
 
 
 def neighbours(order: np.ndarray) -> np.ndarray:
-    """Every swap of two positions and every move of one micro-batch to another position."""
+    """Every swap of two positions and every move of one micro-batch to another position
+    (no-op moves left out), one row each."""
     m = len(order)
     i, j = np.triu_indices(m, 1)
     swaps = np.tile(order, (len(i), 1))
     r = np.arange(len(i))
     swaps[r, i], swaps[r, j] = order[j], order[i]
-    moves = [np.insert(np.delete(order, a), c, order[a]) for a in range(m) for c in range(m)
-             if c != a and c != a - 1]  # fmt: skip
-    return np.vstack([swaps, *([np.array(moves)] if moves else [])])
+    a, c = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(m), indexing="ij"))
+    keep = (c != a) & (c != a - 1)
+    a, c = a[keep, None], c[keep, None]
+    pos = np.arange(m)[None, :]  # the moved one lands at c; those between shift by one
+    src = np.where(pos == c, a, pos + ((a < c) & (pos >= a) & (pos < c)) -
+                   ((a > c) & (pos > c) & (pos <= a)))  # fmt: skip
+    return np.vstack([swaps, order[src]])
+
+
+CHUNK = 512  # candidates priced per deadline check
 
 
 def local_search(col: Column, inst: Instance, times, order, value, deadline: float):
-    """Best improvement over `neighbours` until none improves or the deadline passes."""
+    """Best improvement over `neighbours`, priced CHUNK at a time (the first chunk that
+    improves gives its best), until none improves or the deadline passes."""
     order = np.asarray(list(order), dtype=np.intp)
     if len(order) < 2:
         return order.tolist(), value
-    while time.perf_counter() < deadline:
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
         cand = neighbours(order)
-        v = _price(inst, times, cand)
-        k = int(v.argmin())
-        if not v[k] < value * (1 - 1e-12):
-            break
-        order, value = cand[k], float(v[k])
+        for lo in range(0, len(cand), CHUNK):
+            v = _price(inst, times, cand[lo : lo + CHUNK])
+            k = int(v.argmin())
+            if v[k] < value * (1 - 1e-12):
+                order, value, improved = cand[lo + k], float(v[k]), True
+                break
+            if time.perf_counter() > deadline:
+                break
     return order.tolist(), value
 
 
