@@ -11,9 +11,10 @@ near their GPU-seconds). Each choice is composed (compose.pack, LPT) and assigne
 per-stage recompute fitted (recompute.fit_recompute), and scored by the slowest column's
 exact makespan; choices are drafted in the order of a stage-uniform estimate (`estimate`).
 The best draft then gets local search (order.local_search) on its slowest columns, its
-recompute refit after each reorder. `time_limit_s` covers it all: the search stops at 30 %
-of it (once a draft fits), local search at 50 %, leaving the rest to validate, simulate
-and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
+recompute refit after each reorder. `time_limit_s` covers it all, in this process's CPU
+seconds (time.process_time: a loaded machine stretches the wall time, not the plan): the
+search stops at 30 % of it (once a draft fits), local search at 50 %, leaving the rest to
+validate, simulate and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
 bound.py) + the step's collectives, and its gap; `stats` the single-phase bound and gap
 and the order bound of its own micro-batches.
 """
@@ -103,7 +104,7 @@ def search(inst: Instance, degrees, cap: float, deadline: float):
         got = make()
         if got is not None and (best is None or got[0] < best[0]):
             best = got
-        if best is not None and time.perf_counter() > deadline:
+        if best is not None and time.process_time() > deadline:
             break
     return best
 
@@ -188,7 +189,7 @@ def improve(inst: Instance, cols: list, deadline: float) -> list:
     """Local search on the slowest columns first; keep a reorder only if it still fits."""
     cols = sorted(cols, key=lambda vc: -vc[0])
     for i, (v, col) in enumerate(cols):
-        if time.perf_counter() > deadline:
+        if time.process_time() > deadline:
             break
         times = col.times(inst)
         order, nv = local_search(col, inst, times, range(len(col.mbs)), v, deadline)
@@ -212,7 +213,7 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
                    virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
                    seed: int = 0) -> PlanResult:  # fmt: skip
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
     best, inst = None, None
     splits = stage_splits(cost, pp, virtual_stages)
@@ -221,7 +222,7 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
         here = Instance(lay, batch)
         cap = float(max_tokens or max(131072, int(here.tokens.max())))
         degrees = stage_cluster(lay).allowed_degrees
-        got = search(here, degrees, cap, started + 0.3 * time_limit_s * (i + 1) / len(splits))
+        got = search(here, degrees, cap, cpu + 0.3 * time_limit_s * (i + 1) / len(splits))
         if got is not None and (best is None or got[0] < best[0]):
             best, inst = got, here
     if best is None:
@@ -230,7 +231,7 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
             f"stages' memory windows (p = {pp}, stage layers {list(splits)}, max_tokens "
             f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
-    cols = improve(inst, best[1], started + 0.5 * time_limit_s)  # the rest: the tail
+    cols = improve(inst, best[1], cpu + 0.5 * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
 
