@@ -63,16 +63,17 @@ def split_by_degree(inst: Instance, hi: int, lo: int, lo_tokens: float, units_hi
     column keeps one): sequences longer than lo_tokens, and then the longest others while
     the high-degree units are the less loaded per unit, to columns of degree hi on the first
     units_hi units; the rest to columns of degree lo. (hi ids, lo ids)."""
-    key = ("split", hi, lo, lo_tokens)
-    if key not in inst._memo:
+
+    def make():
         tok = inst.tokens
         order = np.argsort(-tok, kind="stable")
         k = int((tok[order] > lo_tokens).sum())
         forced = float((inst.additive(hi)[order[:k]] * hi).sum())
         moved = (inst.additive(hi)[order[k:]] * hi).cumsum()  # GPU-s with ..i moved
         stay = (inst.additive(lo)[order[k:]] * lo)[::-1].cumsum()[::-1]  # with i.. kept
-        inst._memo[key] = (order, k, forced, moved, stay)
-    order, k, forced, moved, stay = inst._memo[key]
+        return order, k, forced, moved, stay
+
+    order, k, forced, moved, stay = inst.memo(("split", hi, lo, lo_tokens), make)
     n = inst.layout.num_units
     over = (forced + moved) / units_hi - stay / (n - units_hi) >= 0
     j = k + int(np.searchsorted(over, True))

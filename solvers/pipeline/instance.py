@@ -64,6 +64,12 @@ class Instance:
         self.feats = self.layout.cost.batch_features(self.batch)
         self.ids = [s.id for s in self.batch.sequences]
 
+    def memo(self, key, make):
+        """make()'s value for `key`, computed once per instance (a batch on a layout)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
     @property
     def tokens(self) -> np.ndarray:
         if "tokens" not in self._memo:

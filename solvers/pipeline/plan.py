@@ -289,10 +289,11 @@ def single_phase_bound_s(inst: Instance) -> float:
 
 
 def _bound_parts(inst: Instance) -> dict:
-    if "bound" not in inst._memo:
+    def make():
         lay = inst.layout
         degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
         if not degrees:
             raise DcpOptError("pp: no degree divides a stage's units")
-        inst._memo["bound"] = batch_bound_parts(lay, inst.batch, degrees)
-    return inst._memo["bound"]
+        return batch_bound_parts(lay, inst.batch, degrees)
+
+    return inst.memo("bound", make)
