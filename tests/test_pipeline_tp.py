@@ -82,3 +82,14 @@ def test_a_plan_priced_on_another_tp_is_refused():
         DcpOptError, match="tensor_parallel: 8 on a cost model of tensor_parallel 1"
     ):
         stage_layout(CostModel(L70, H100), Pipeline((20, 20, 20, 20), "1f1b", 1), 8)
+
+
+def test_per_layer_zero3_under_a_pipeline_is_refused_by_name(tmp_path, capsys):
+    # its gathers are not priced per stage: the plan would understate its step
+    rc = main(["plan", "--lengths", _lengths_file(tmp_path), "--model", "llama3-70b",
+               "--cluster", "h100x64", "--pp", "4", "--tp", "8", "--optimizer-sharding",
+               "zero3", "--shard-domain", "2"])  # fmt: skip
+    assert rc != 0
+    assert "shard_domain: 2 (zero3 per layer) is not priced under a pipeline" in (
+        capsys.readouterr().err
+    )

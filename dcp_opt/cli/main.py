@@ -157,8 +157,8 @@ def _inputs(args: argparse.Namespace, plan: Plan | None = None) -> tuple[Batch, 
     )
     if args.profile:
         profile_warning(args.profile, cluster)
-    if args.shard_domain is None and plan is None:
-        cost = auto_shard_domain(cost, batch)
+    if args.shard_domain is None and plan is None and not getattr(args, "pp", None):
+        cost = auto_shard_domain(cost, batch)  # per-layer zero3 is not priced under --pp
     return batch, cost
 
 

@@ -101,6 +101,11 @@ def stage_layout(cost: CostModel, pipeline: Pipeline, tensor_parallel: int | Non
             f"cluster.topology: a pipeline is priced on two-level clusters (h100x64, h200xN); "
             f"got the fabric of {cl.name!r}"
         )
+    if cost.shard_domain:
+        raise DcpOptError(
+            f"shard_domain: {cost.shard_domain} (zero3 per layer) is not priced under a "
+            "pipeline; allowed: 0 (a stage holds 1/p of the states: --tp divides them further)"
+        )
     if cl.num_gpus % p:
         raise DcpOptError(
             f"pipeline.stage_layers: {p} stages must divide the cluster's {cl.num_gpus} "
