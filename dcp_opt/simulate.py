@@ -175,22 +175,21 @@ def _pad(groups, cost: CostModel, ready: list, busy: list) -> float:
 
 def _simulate_pipeline(plan: Plan, batch: Batch, cost: CostModel) -> SimResult:
     """The step of a plan with a pipeline: the last column's flush + the step's collectives
-    (dcp_opt/pipeline/check.py). Per-rank arrays are per GPU, stage-major (the rank map);
+    (dcp_opt/pipeline/check.py). Per-rank arrays are per unit (a GPU holds 1/t), stage-major;
     the timeline is per column (`pipeline.columns`), not per micro-batch event."""
     from .pipeline.check import simulate_pipeline
     from .pipeline.stages import stage_layout
 
     layout = stage_layout(cost, plan.pipeline, plan.tensor_parallel)
     sim = simulate_pipeline(plan, batch, layout)
-    t = plan.tensor_parallel
-    busy = np.repeat(sim.busy_s.ravel(), t)
+    busy = sim.busy_s.ravel()  # per unit (a GPU holds 1/t of its bytes), as without a pipeline
     return SimResult(
         sim.finish_s + sim.grad_sync_s,
         sim.finish_s,
         sim.grad_sync_s,
         busy,
         sim.finish_s - busy,
-        np.repeat(sim.peak_bytes.ravel(), t),
+        sim.peak_bytes.ravel(),
         (),
         0.0,
         0.0,

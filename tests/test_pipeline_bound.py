@@ -159,3 +159,113 @@ def test_pipeline_planners_answer_valid_plans_with_a_gap(planner):
     assert r.plan.pipeline.num_stages == 2 and r.plan.num_ranks == 4
     assert 0 < r.lower_bound_s <= r.predicted_step_time_s
     assert r.predicted_step_time_s == pytest.approx(simulate(r.plan, batch, COST).step_time_s)
+
+
+# Memory-tight: llama-1b, 2 stages of 8 layers on 4 units of 14 GB (9.6 GB of states and
+# reserve per unit): a 4K-token sequence alone at degree 1 stores 4096 x 8 x 98 KB = 3.2 GB
+# on a stage, so the windows force recompute or degree.
+TIGHT = CostModel(model_preset("llama-1b"), cluster_preset("h200x8").with_(memory_bytes=14e9))
+
+
+@st.composite
+def tight_plans(draw, *, max_phases=1):
+    """A valid plan by construction where memory binds: random columns, micro-batches and
+    orders, each column's recompute the least fit_recompute finds plus random extra; an
+    instance no recompute fits is discarded (assume), never counted."""
+    from dcp_opt.solvers.pipeline.instance import Column
+    from dcp_opt.solvers.pipeline.recompute import fit_recompute
+    from hypothesis import assume
+
+    pipe = Pipeline((8, 8), draw(st.sampled_from(["1f1b", "gpipe"])))
+    lay = stage_layout(TIGHT, pipe)
+    lengths = draw(st.lists(st.integers(256, 6144), min_size=1, max_size=10))
+    batch = Batch([Sequence(i, (x,)) for i, x in enumerate(lengths)])
+    inst = Instance(lay, batch)
+    num_phases = draw(st.integers(1, max_phases))
+    phase_of = [draw(st.integers(0, num_phases - 1)) for _ in lengths]
+    phases = []
+    for ph in range(num_phases):
+        d = draw(st.sampled_from([1, 2, 4]))
+        ncol = lay.num_units // d
+        owner = [draw(st.integers(0, ncol - 1)) for _ in lengths]
+        groups = []
+        for c in range(ncol):
+            ids = [i for i, o in enumerate(owner) if o == c and phase_of[i] == ph]
+            draw(st.randoms()).shuffle(ids)
+            cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(ids) - 1)), max_size=5))))
+            parts = [
+                q
+                for q in (ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True))
+                if q
+            ]
+            if not parts:
+                groups.append(Group(c * d, d, ()))
+                continue
+            col = Column(d, c * d, parts, np.zeros((len(parts), 2), dtype=int))
+            assume(fit_recompute(col, inst))
+            extra = np.array([[draw(st.integers(0, 2)) for _ in range(2)] for _ in parts])
+            rec = np.minimum(col.rec + extra, 8)
+            mbs = tuple(MicroBatch(tuple(q), int(r.sum()), tuple(int(v) for v in r))
+                        for q, r in zip(parts, rec, strict=True))  # fmt: skip
+            groups.append(Group(c * d, d, mbs))
+        phases.append(groups)
+    return pipeline_plan(phases, batch, lay, planner="random"), batch, inst
+
+
+@settings(max_examples=80, deadline=None)
+@given(tight_plans())
+def test_memory_bounds_are_below_every_valid_single_phase_plan(arg):
+    from dcp_opt.solvers.pipeline.plan import single_phase_bound_s
+
+    plan, batch, inst = arg
+    assert validate(plan, batch, TIGHT) == []
+    step = simulate(plan, batch, TIGHT).step_time_s
+    assert bound_s(inst) <= single_phase_bound_s(inst) <= step * (1 + 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(tight_plans(max_phases=3))
+def test_the_batch_bound_is_below_every_valid_plan_of_several_phases(arg):
+    plan, batch, inst = arg
+    assert validate(plan, batch, TIGHT) == []
+    assert bound_s(inst) <= simulate(plan, batch, TIGHT).step_time_s * (1 + 1e-12)
+
+
+def test_memory_bounds_bind_where_memory_does():
+    # eight 6K-token sequences on the tight cluster: alone at degree 1 a 6K sequence stores
+    # 6144 x 8 x 98 KB = 4.8 GB > the 3 GB of room, so (4) charges recompute and (5) the
+    # windows: both bounds exceed the memory-blind work bound (1)
+    from dcp_opt.pipeline.bound import batch_bound_parts
+
+    lay = stage_layout(TIGHT, Pipeline((8, 8), "1f1b"))
+    batch = Batch([Sequence(i, (6144,)) for i in range(8)])
+    parts = batch_bound_parts(lay, batch, [1, 2, 4])
+    blind = stage_layout(CostModel(model_preset("llama-1b"), cluster_preset("h200x8")),
+                         Pipeline((8, 8), "1f1b"))  # fmt: skip
+    free = batch_bound_parts(blind, batch, [1, 2, 4])
+    assert parts["bound_s"] >= free["bound_s"]
+    assert parts["single_phase_bound_s"] > parts["bound_s"] * 1.01
+    r = run_planner("pp_greedy", batch, TIGHT, pp=2)
+    assert parts["single_phase_bound_s"] <= r.predicted_step_time_s
+
+
+@settings(max_examples=10, deadline=None)
+@given(columns(max_m=5))
+def test_cpsat_certified_bound_is_below_the_exhaustive_optimum(col):
+    # real-valued times: CP-SAT rounds each to `unit`; its certified bound takes the worst
+    # rounding of a path off its dual bound
+    f, b, x, kw = col
+    if kw["schedule"] == "interleaved" or len(f[0]) < 2:
+        return
+    got = solve_order(f, b, x, schedule=kw["schedule"], num_stages=kw["num_stages"],
+                      virtual=kw["virtual"], time_limit_s=5)  # fmt: skip
+    best = min(_ms(f, b, x, o, **kw) for o in itertools.permutations(range(len(f[0]))))
+    assert got["certified_bound_s"] <= best * (1 + 1e-12)
+
+
+def test_pp_cpsat_reports_an_order_bound_at_or_below_its_step():
+    from dcp_opt.workloads import standard_batch
+
+    batch = standard_batch("1d-balanced", 0, num_gpus=8, tokens_per_gpu=4096)
+    r = run_planner("pp_cpsat", batch, COST, pp=2, time_limit_s=2.0)
+    assert r.stats["order_bound_s"] <= r.predicted_step_time_s * (1 + 1e-9)

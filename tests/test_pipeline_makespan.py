@@ -165,3 +165,24 @@ def test_lockstep_groups_wait_for_all_their_units_by_hand():
     steps = [[(range(0, 1), [1.0], [2.0], []), (range(1, 2), [5.0], [5.0], [])],
              [(range(0, 2), [1.0], [1.0], [])]]  # fmt: skip
     assert lockstep_makespan(steps, schedule="1f1b", num_stages=1) == 12.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved"]), st.integers(1, 4), st.integers(1, 7),
+       st.randoms(use_true_random=False))  # fmt: skip
+def test_batch_makespans_equal_column_makespan_for_every_order(schedule, p, m, rnd):
+    from dcp_opt.pipeline.makespan import batch_makespans
+
+    v = 2 if schedule == "interleaved" else 1
+    m = p * max(1, m // p) if schedule == "interleaved" else m
+    V = p * v
+    f = [[rnd.uniform(0.01, 5) for _ in range(m)] for _ in range(V)]
+    b = [[rnd.uniform(0.01, 5) for _ in range(m)] for _ in range(V)]
+    x = [[rnd.uniform(0, 1) for _ in range(m)] for _ in range(V - 1)]
+    orders = [rnd.sample(range(m), m) for _ in range(5)]
+    got = batch_makespans(f, b, x, orders, schedule=schedule, num_stages=p, virtual=v)
+    for o, g in zip(orders, got, strict=True):
+        pick = lambda t: [[row[k] for k in o] for row in t]  # noqa: E731, B023
+        want = column_makespan(pick(f), pick(b), pick(x), schedule=schedule, num_stages=p,
+                               virtual=v).makespan_s  # fmt: skip
+        assert g == pytest.approx(want, rel=1e-12, abs=1e-12)

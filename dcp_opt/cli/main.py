@@ -321,6 +321,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     plan, batch, cost = checked
     sim = simulate(plan, batch, cost)
     s = sim.summary()
+    if plan.pipeline is not None:  # its timeline is per column: count the plan's
+        s["num_micro_batches"] = plan.num_micro_batches
+        pipe = plan.pipeline
+        print(f"pipeline    {pipe.num_stages} stages ({pipe.schedule}, layers "
+              f"{list(pipe.stage_layers)}) x tensor_parallel {plan.tensor_parallel}")  # fmt: skip
     print(
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"

@@ -34,6 +34,27 @@ are >= 0) and n the units of a stage, as sum_u W_s(u) >= G_s. head_s and tail_s 
 minimum over single sequences at every degree: a micro-batch holds at least one sequence,
 and its times only grow with what it holds (every coefficient >= 0). (2) likewise with the
 longest sequence alone at its best degree; recompute only adds time.
+
+(4) Memory alone. A micro-batch's last-chunk backward on stage s runs after all its forwards
+on s, so its stored bytes on every chunk of s, plus the running pass's working set, are held
+at once: T/d ((L_s - r) act + r ckpt) + T/d (act + [s last] head) <= room_s (the roomiest
+unit's capacity less the stage's states and reserve). A micro-batch holds at least its
+sequence's tokens, so each sequence is priced (in (1), (2)) only at degrees where it fits
+alone with everything recomputed, with at least the recompute r_lo(seq, d) it needs alone.
+
+(5) Windows, 1F1B (V = p), plans of one phase (each unit runs one column, as every planner
+and baseline here plans). Under 1F1B stage s, w = p - s, holds at B(s, k) the stored bytes
+of micro-batches k .. k + w - 1 (actions.one_f_one_b_actions): each <= room_s per unit. Cut
+a column's m micro-batches into ceil(m / w) blocks of w consecutive ones: per unit, the
+column's stored bytes <= ceil(m / w) room_s <= (m + w - 1) room_s / w; over the stage,
+sum_seq T ((L_s - r) act + r ckpt) <= room_s (M + n (w - 1)) / w with M = sum over
+micro-batches of their degree (GPipe, all in flight: <= n room_s). Bytes are bought either
+by recompute (sequence i: tokens_i (act - ckpt) bytes per layer for rho_i GPU-seconds, its
+cheapest degree's extra forward) or by micro-batches (room_s / w bytes for c0_s, the least
+per-unit micro-batch constant on s); the fractional knapsack gives the least GPU-seconds
+for the bytes over the allowance, and (1) becomes head_s + (G_s + that) / n + tail_s. A
+relaxation: each sequence takes its own degree, recompute is real-valued, micro-batches
+cost only their constant.
 """
 
 from __future__ import annotations
@@ -41,7 +62,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import DcpOptError
-from .stages import StageLayout, column_times
+from .stages import StageLayout, column_times, stage_fixed_bytes
 
 
 def column_lower_bound(f, b, x, *, num_stages: int, schedule: str = "") -> float:
@@ -87,24 +108,53 @@ def _top_others(desc: np.ndarray, own: float, w: int) -> float:
 
 
 def sequence_stage_times(layout: StageLayout, batch, degrees) -> tuple:
-    """Per degree d (D,) the single-sequence columns' (f, b) at no recompute, (D, V, n),
-    and transfers no column's are below, (D, V - 1, n), one column per sequence of the batch
-    in batch order."""
+    """Per degree d (D,) the single-sequence columns' (f, b) at the least recompute with which
+    the sequence alone fits each stage (`alone_recompute`), (D, V, n), transfers no
+    column's are below, (D, V - 1, n), one column per sequence of the batch in batch order,
+    and (D, n) whether it fits alone at d at all."""
     cost, cl = layout.cost, layout.cost.cluster
     if cl.speed_factors is not None:
         raise DcpOptError("cluster.speed_factors: the pipeline bound needs GPUs of one speed")
     feats = cost.batch_features(batch)
-    rec = np.zeros((len(feats), layout.num_stages), dtype=int)
-    out = [column_times(layout, feats, d, 0, "ulysses", rec) for d in degrees]
+    recs = [alone_recompute(layout, feats[:, -2], d) for d in degrees]
+    ok = np.array([r.min(axis=1) >= 0 for r in recs])  # (D, n)
+    if not ok.any(axis=0).all():  # no plan holds some sequence: the bound as if memory did not
+        ok[:] = True
+        recs = [np.zeros_like(r) for r in recs]
+    out = [column_times(layout, feats, d, 0, "ulysses", np.maximum(r, 0)) for d, r in
+           zip(degrees, recs, strict=True)]  # fmt: skip
     f, b = (np.array([o[i] for o in out]) for i in (0, 1))
     # transfers at the fastest link and the least latency: any column's are at least that
     p, m = layout.num_stages, cost.model
     cross = np.array([c % p != (c + 1) % p for c in range(layout.num_virtual - 1)], dtype=float)
     bw = max(cl.intra_node_bw, cl.inter_node_bw)
     lat = min(cl.intra_node_latency_s, cl.inter_node_latency_s)
-    sent = feats[:, -2] * m.hidden * m.dtype_bytes / layout.tensor_parallel
+    sent = feats[:, -2] * m.hidden * m.dtype_bytes  # per unit (stages.py)
     x = np.array([cross[:, None] * (sent / d / bw + lat) for d in degrees])
-    return f, b, x
+    return f, b, x, ok
+
+
+def alone_recompute(layout: StageLayout, tokens, d: int) -> np.ndarray:
+    """(n, p) the fewest layers each sequence recomputes on each stage to fit there alone at
+    degree d, -1 where all of them do not suffice ((4) above): held stored bytes T/d ((L_s -
+    r) act + r ckpt) over the stage's chunks (a micro-batch's last-chunk backward on s runs
+    after all its forwards on s) + the working set T/d (act + [s last] head) <= the room of
+    the roomiest unit (capacity less the stage's states and reserve)."""
+    cost, co = layout.cost, layout.cost.coeffs
+    cl, p = cost.cluster, layout.num_stages
+    mem = cl.memory_bytes if cl.memory_per_rank is None else max(cl.memory_per_rank)
+    room = mem * cost.usable_memory_fraction - stage_fixed_bytes(layout)  # (p,)
+    L = np.array(layout.pipeline.stage_layers, dtype=float)
+    head = np.zeros(p)
+    head[-1] = co.head_bytes_per_token
+    act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+    local = np.asarray(tokens, dtype=float)[:, None] / d  # (n, 1)
+    need = local * (L * act + act + head) - room  # bytes over with nothing recomputed
+    save = local * max(act - ckpt, 0.0)  # per recomputed layer
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(need <= 0, 0.0, np.ceil(need / np.where(save > 0, save, 1.0) - 1e-9))
+    r = np.where((need > 0) & (save <= 0), np.inf, r)
+    return np.where(r > L, -1, r).astype(int)
 
 
 def per_micro_batch_seconds(layout: StageLayout, degrees) -> np.ndarray:
@@ -122,18 +172,101 @@ def per_micro_batch_seconds(layout: StageLayout, degrees) -> np.ndarray:
 
 def batch_lower_bound(layout: StageLayout, batch, degrees) -> float:
     """The batch bound above (finish only; add the step's collectives for the step)."""
+    return batch_bound_parts(layout, batch, degrees)["bound_s"]
+
+
+def batch_bound_parts(layout: StageLayout, batch, degrees) -> dict:
+    """The batch bound and its terms: per stage head, work / n and tail; the chain."""
     degrees = [d for d in degrees if d <= layout.num_units]
     p, n = layout.num_stages, layout.num_units
-    f, b, x = sequence_stage_times(layout, batch, degrees)  # (D, V, S), (D, V-1, S)
+    f, b, x, ok = sequence_stage_times(layout, batch, degrees)  # (D, V, S), (D, V-1, S)
     D, V, S = f.shape
+    big = np.where(ok, 0.0, np.inf)[:, None, :]  # a degree where the sequence cannot fit
     pre_f = np.concatenate([np.zeros((D, 1, S)), np.cumsum(f[:, :-1] + x, axis=1)], axis=1)
     pre_b = np.concatenate([np.zeros((D, 1, S)), np.cumsum(b[:, :-1] + x, axis=1)], axis=1)
-    head = pre_f[:, :p].min(axis=(0, 2))  # (p,)
-    tail = pre_b[:, :p].min(axis=(0, 2))
+    head = (pre_f[:, :p] + big).min(axis=(0, 2))  # (p,)
+    tail = (pre_b[:, :p] + big).min(axis=(0, 2))
     # a_s(seq, d): the sequences' stage seconds less what a micro-batch pays once, (D, p, S)
     a = np.maximum(f + b - per_micro_batch_seconds(layout, degrees)[:, :, None], 0.0)
-    a = a.reshape(D, V // p, p, S).sum(axis=1)
+    a = a.reshape(D, V // p, p, S).sum(axis=1) + big
     gpu_s = (np.array(degrees, dtype=float)[:, None, None] * a).min(axis=0).sum(axis=1)
-    fill = float((head + gpu_s / n + tail).max())
-    chain = (f + b).sum(axis=1) + 2 * x.sum(axis=1)  # (D, S)
-    return max(fill, float(chain.min(axis=0).max()))
+    fill = head + gpu_s / n + tail
+    chain = ((f + b).sum(axis=1) + 2 * x.sum(axis=1) + big[:, 0]).min(axis=0).max()
+    win = np.zeros(p)
+    if p == V:  # (5): per stage, the least recompute and constants that fit the windows
+        win = window_bounds(layout, batch, degrees, ok, head + tail, gpu_s)
+    return {"bound_s": max(float(fill.max()), float(chain)), "head_s": head,
+            "work_s": gpu_s / n, "tail_s": tail, "chain_s": float(chain),
+            "window_s": win, "single_phase_bound_s": max(float(fill.max()), float(chain),
+                                                         float(win.max()))}  # fmt: skip
+
+
+def window_bounds(layout: StageLayout, batch, degrees, ok, ends, gpu_s) -> np.ndarray:
+    """(5) above per stage (V = p; single-phase plans): the work bound with the least
+    recompute and micro-batch constants that make the batch's stored bytes fit the windows,
+    by the fractional knapsack (bytes bought at the lowest GPU-seconds per byte)."""
+    cost, co = layout.cost, layout.cost.coeffs
+    p, n, L = layout.num_stages, layout.num_units, layout.pipeline.stage_layers
+    tokens = cost.batch_features(batch)[:, -2]
+    big = np.where(ok, 0.0, np.inf)
+    mem = cost.cluster.memory_bytes
+    if cost.cluster.memory_per_rank is not None:
+        mem = max(cost.cluster.memory_per_rank)
+    room = mem * cost.usable_memory_fraction - stage_fixed_bytes(layout)
+    act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+    r_lo = np.array([alone_recompute(layout, tokens, int(d)) for d in degrees])  # (D, S, p)
+    r_lo = np.where(r_lo < 0, np.array(L)[None, None, :], r_lo).min(axis=0).astype(float)
+    rho = (recompute_gpu_seconds(layout, batch, degrees) + big[:, None, :]).min(axis=0)
+    c0 = per_micro_batch_seconds(layout, degrees).min(axis=0)  # (p,) per unit, V = p
+    gpipe = layout.pipeline.schedule == "gpipe"
+    out = np.zeros(p)
+    for s in range(p):
+        if room[s] <= 0:
+            continue  # no plan fits this stage: (1) stands
+        lo = r_lo[:, s]
+        fixed = float((rho[s] * lo).sum())
+        w = None if gpipe else p - s
+        free = n * room[s] * (1.0 if w is None else (w - 1) / w)
+        need = float((tokens * ((L[s] - lo) * act + lo * ckpt)).sum()) - free
+        price_m = np.inf if w is None else c0[s] * w / room[s]
+        save = tokens * max(act - ckpt, 0.0)
+        cap = save * (L[s] - lo)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            price = np.where(save > 0, rho[s] / np.where(save > 0, save, 1.0), np.inf)
+        out[s] = ends[s] + (gpu_s[s] + fixed + _buy(need, price, cap, price_m)) / n
+    return out
+
+
+def _buy(need: float, price, cap, price_m: float) -> float:
+    """The least GPU-seconds for `need` bytes: items of `cap` bytes at `price` per byte, and
+    unlimited bytes at price_m (inf: none). inf if they cannot."""
+    if need <= 0:
+        return 0.0
+    order = np.argsort(price, kind="stable")
+    price, cap = price[order], cap[order]
+    keep = price < price_m
+    price, cap = price[keep], cap[keep]
+    got = np.cumsum(cap)
+    k = int(np.searchsorted(got, need))
+    if k < len(got):
+        before = got[k - 1] if k else 0.0
+        return float((price[:k] * cap[:k]).sum() + price[k] * (need - before))
+    rest = need - (got[-1] if len(got) else 0.0)
+    return float((price * cap).sum() + rest * price_m)
+
+
+def recompute_gpu_seconds(layout: StageLayout, batch, degrees) -> np.ndarray:
+    """(D, p, S): GPU-seconds (d x seconds) one recomputed layer adds to each sequence on
+    each stage at degree d, less what it adds to an empty micro-batch (paid once). One
+    layer recomputed on every stage lands in one chunk per stage (chunk_recompute)."""
+    cost, p, V = layout.cost, layout.num_stages, layout.num_virtual
+    feats = cost.batch_features(batch)
+    both = np.vstack([feats, np.zeros((1, feats.shape[1]))])
+    zero = np.zeros((len(both), p), dtype=int)
+    out = []
+    for d in degrees:
+        base = column_times(layout, both, d, 0, "ulysses", zero)[1]
+        extra = column_times(layout, both, d, 0, "ulysses", zero + 1)[1] - base  # (V, S + 1)
+        extra = extra.reshape(V // p, p, -1).sum(axis=0)  # (p, S + 1)
+        out.append(np.maximum(extra[:, :-1] - extra[:, -1:], 0.0) * d)
+    return np.array(out)

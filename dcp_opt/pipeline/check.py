@@ -84,12 +84,12 @@ def column(layout: StageLayout, batch: Batch, group, *, phase: int = 0, start_s:
 def stage_sync_s(layout: StageLayout) -> float:
     """The step's collectives under a pipeline (the module docstring), the slowest stage."""
     cost, cl = layout.cost, layout.cost.cluster
-    n, t = layout.num_units, layout.tensor_parallel
+    n = layout.num_units  # units of the cost model's cluster of units (stages.py)
     extra = cost.step_overhead_s + cost.closing_step_time()
     if n == 1:
         return extra
-    bw = cl.inter_node_bw if n * t > cl.gpus_per_node else cl.intra_node_bw
-    volume = stage_params(layout).max() / t * cost.grad_reduce_bytes_per_param
+    bw = cl.inter_node_bw if n > cl.gpus_per_node else cl.intra_node_bw
+    volume = stage_params(layout).max() * cost.grad_reduce_bytes_per_param
     return 2 * (n - 1) / n * volume / bw + extra
 
 
@@ -161,11 +161,15 @@ def _recompute_problem(mb, stage_layers) -> str:
 
 
 def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str, str]]:
-    c = column(layout, batch, g)
+    pipe = layout.pipeline
+    _, tokens, rec = column_features(layout, batch, g)
+    stored, work = column_memory(layout, tokens, g.degree, rec)
+    peaks = np.array(stage_peaks(stored, work, schedule=pipe.schedule, num_stages=pipe.num_stages,
+                                 virtual=pipe.virtual_stages)) + stage_fixed_bytes(layout)  # fmt: skip
     out = []
-    for s, need in enumerate(c.peak_bytes):
+    for s, need in enumerate(peaks.tolist()):
         cap = stage_capacity(layout, s, g.start_rank, g.degree)
         if need > cap * (1 + 1e-9):
             out.append(("OUT_OF_MEMORY", f"{where} stage {s}: in-flight micro-batches need "
-                        f"{need / 1e9:.2f} GB per GPU at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
+                        f"{need / 1e9:.2f} GB per rank at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
     return out

@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import DcpOptError
 from .actions import stage_actions
 
@@ -94,17 +96,94 @@ def stage_peaks(stored, work, *, schedule: str, num_stages: int, virtual: int = 
     """Per physical stage, the peak activation bytes over time: walking its actions, a
     forward adds the micro-batch's stored bytes on that chunk and a backward frees them; the
     peak is the most held while an action runs (held + that action's working set)."""
-    p, m = num_stages, len(stored[0]) if len(stored) else 0
-    out = []
-    for s, acts in enumerate(column_actions(schedule, p, m, virtual)):
-        held = peak = 0.0
-        for a in acts:
-            c, k = a.chunk * p + s, a.micro_batch
-            if a.kind == "F":
-                held += stored[c][k]
-                peak = max(peak, held + work[c][k])
-            else:
-                peak = max(peak, held + work[c][k])
-                held -= stored[c][k]
-        out.append(peak)
-    return out
+    stored, work = np.asarray(stored, dtype=float), np.asarray(work, dtype=float)
+    m = stored.shape[1] if stored.ndim == 2 else 0
+    return [walk_peak(stage_walk(schedule, num_stages, m, virtual, s), stored, work)[0]
+            for s in range(num_stages)]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1024)
+def stage_walk(schedule: str, num_stages: int, num_micro_batches: int, virtual: int, stage: int):
+    """Stage `stage`'s actions as arrays: sign (+1 forward, -1 backward), virtual stage c,
+    micro-batch k; and per micro-batch the index of its first forward and first backward."""
+    p, m = num_stages, num_micro_batches
+    acts = column_actions(schedule, p, m, virtual)[stage]
+    sign = np.array([1.0 if a.kind == "F" else -1.0 for a in acts])
+    c = np.array([a.chunk * p + stage for a in acts], dtype=np.intp)
+    k = np.array([a.micro_batch for a in acts], dtype=np.intp)
+    first_f, first_b = np.full(m, len(acts)), np.full(m, len(acts))
+    for idx in range(len(acts) - 1, -1, -1):
+        (first_f if sign[idx] > 0 else first_b)[k[idx]] = idx
+    return sign, c, k, first_f, first_b
+
+
+def walk_peak(walk, stored: np.ndarray, work: np.ndarray) -> tuple[float, int]:
+    """(peak bytes, the action index where it is first reached) of one stage's walk: held
+    after each action is the running sum of + stored (forward) and - stored (backward); a
+    backward's peak is before it frees, a forward's after it stores."""
+    sign, c, k = walk[:3]
+    if not len(sign):
+        return 0.0, 0
+    vals = stored[c, k]
+    peaks = np.cumsum(sign * vals) + np.where(sign < 0, vals, 0.0) + work[c, k]
+    i = int(np.argmax(peaks))
+    return float(peaks[i]), i
+
+
+@functools.lru_cache(maxsize=256)
+def topological_actions(schedule: str, num_stages: int, num_micro_batches: int, virtual: int):
+    """Every action of a column as (stage, is_forward, virtual stage c, position k) in an
+    order where each comes after its predecessors (its stage's previous action and its
+    dependency edge), the same for any durations: the order column_makespan runs them in
+    with unit durations (the dependencies are the graph's, not the times')."""
+    p, m = num_stages, num_micro_batches
+    acts = column_actions(schedule, p, m, virtual)
+    V = p * virtual
+    done_f = [[False] * m for _ in range(V)]
+    done_b = [[False] * m for _ in range(V)]
+    ptr, out = [0] * p, []
+    left = sum(len(a) for a in acts)
+    while left:
+        for s in range(p):
+            while ptr[s] < len(acts[s]):
+                a = acts[s][ptr[s]]
+                c, k = a.chunk * p + s, a.micro_batch
+                fwd = a.kind == "F"
+                if fwd and c and not done_f[c - 1][k]:
+                    break
+                if not fwd and not (done_f[c][k] if c == V - 1 else done_b[c + 1][k]):
+                    break
+                (done_f if fwd else done_b)[c][k] = True
+                out.append((s, fwd, c, k))
+                ptr[s] += 1
+                left -= 1
+    return tuple(out)
+
+
+def batch_makespans(f, b, x, orders, *, schedule: str, num_stages: int, virtual: int = 1):
+    """The exact makespans (column_makespan's) of K orders of one column's micro-batches at
+    once: f, b (V, m), x (V - 1, m) arrays, orders (K, m) -> (K,). One pass over the
+    actions in topological order, each a vector operation over the K orders."""
+    orders = np.asarray(orders, dtype=np.intp)
+    K, m = orders.shape
+    p = num_stages
+    V = len(f)
+    if m == 0:
+        return np.zeros(K)
+    f, b = np.asarray(f, dtype=float), np.asarray(b, dtype=float)
+    F, B = f[:, orders], b[:, orders]  # (V, K, m)
+    X = np.asarray(x, dtype=float).reshape(V - 1, f.shape[1])[:, orders]
+    end_f = np.zeros((V, m, K))
+    end_b = np.zeros((V, m, K))
+    free = np.zeros((p, K))
+    for s, fwd, c, k in topological_actions(schedule, p, m, virtual):
+        if fwd:
+            ready = end_f[c - 1, k] + X[c - 1, :, k] if c else 0.0
+            e = np.maximum(free[s], ready) + F[c, :, k]
+            end_f[c, k] = e
+        else:
+            ready = end_f[c, k] if c == V - 1 else end_b[c + 1, k] + X[c, :, k]
+            e = np.maximum(free[s], ready) + B[c, :, k]
+            end_b[c, k] = e
+        free[s] = e
+    return free.max(axis=0)

@@ -37,7 +37,8 @@ from dcp_opt.solvers.pipeline.recompute import fit_recompute
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import InfeasibleError
-from dcp_opt.pipeline.stages import stage_cluster, stage_layout
+from dcp_opt.pipeline.stages import pipeline_cost, stage_cluster, stage_layout
+from dcp_opt.plan import Pipeline
 
 from .verl import karmarkar_karp
 
@@ -106,9 +107,14 @@ METHODS = {"pp_fixed": _fixed, "pp_verl": _verl, "pp_wlb": _wlb, "pp_dynapipe": 
 def plan_pipeline_baseline(method: str, batch: Batch, cost: CostModel, *, pp: int = 4,
                            schedule: str = "1f1b", virtual_stages: int = 1,
                            max_tokens: int = 131072, degree: int | None = None,
-                           tensor_parallel: int = 1):  # fmt: skip
+                           tensor_parallel: int | None = None,
+                           stage_layers: tuple[int, ...] | None = None):  # fmt: skip
     started = time.perf_counter()
-    lay = stage_layout(cost, make_pipeline(cost, pp, schedule, virtual_stages), tensor_parallel)
+    cost = pipeline_cost(cost, tensor_parallel)
+    pipe = make_pipeline(cost, pp, schedule, virtual_stages)
+    if stage_layers is not None:  # the user's split (default the parameter-balanced one)
+        pipe = Pipeline(tuple(stage_layers), schedule, virtual_stages)
+    lay = stage_layout(cost, pipe)
     inst = Instance(lay, batch)
     degrees = [degree] if degree else stage_cluster(lay).allowed_degrees
     for d in degrees:
@@ -125,11 +131,13 @@ def plan_pipeline_baseline(method: str, batch: Batch, cost: CostModel, *, pp: in
 
 def _planner(method: str):
     def plan(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
-             virtual_stages: int = 1, tensor_parallel: int = 1, max_tokens: int = 131072,
-             degree: int | None = None):  # fmt: skip
+             virtual_stages: int = 1, tensor_parallel: int | None = None,
+             max_tokens: int = 131072, degree: int | None = None,
+             stage_layers: tuple[int, ...] | None = None):  # fmt: skip
         return plan_pipeline_baseline(method, batch, cost, pp=pp, schedule=schedule,
                                       virtual_stages=virtual_stages, max_tokens=max_tokens,
-                                      degree=degree, tensor_parallel=tensor_parallel)  # fmt: skip
+                                      degree=degree, tensor_parallel=tensor_parallel,
+                                      stage_layers=stage_layers)  # fmt: skip
 
     plan.__name__ = plan.__qualname__ = f"plan_{method}"
     return plan

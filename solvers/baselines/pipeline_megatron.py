@@ -28,7 +28,8 @@ from dcp_opt.cost import CostModel
 from dcp_opt.errors import InfeasibleError
 from dcp_opt.pipeline.check import stage_sync_s
 from dcp_opt.pipeline.lockstep import lockstep_makespan
-from dcp_opt.pipeline.stages import column_times, stage_layout
+from dcp_opt.pipeline.stages import column_times, pipeline_cost, stage_layout
+from dcp_opt.plan import Pipeline
 
 from .megatron_schedule import group_spans, schedule
 
@@ -53,10 +54,18 @@ def user_settings(inst: Instance) -> tuple[int, np.ndarray]:
 
 
 def megatron_pipeline_step(batch: Batch, cost: CostModel, *, pp: int = 4,
-                           schedule_name: str = "1f1b", virtual_stages: int = 1) -> dict:  # fmt: skip
-    """{step_time_s, max_seqlen_per_rank, recompute, num_micro_steps, wall_time_s}."""
+                           schedule_name: str = "1f1b", virtual_stages: int = 1,
+                           tensor_parallel: int | None = None,
+                           stage_layers: tuple[int, ...] | None = None) -> dict:  # fmt: skip
+    """{step_time_s, max_seqlen_per_rank, recompute, num_micro_steps, wall_time_s}.
+    stage_layers: the layer split (default the parameter-balanced one; Megatron-LM's own
+    default is the even one, --decoder-first/last-pipeline-num-layers set others)."""
     started = time.perf_counter()
-    lay = stage_layout(cost, make_pipeline(cost, pp, schedule_name, virtual_stages))
+    cost = pipeline_cost(cost, tensor_parallel)
+    pipe = make_pipeline(cost, pp, schedule_name, virtual_stages)
+    if stage_layers is not None:
+        pipe = Pipeline(tuple(stage_layers), schedule_name, virtual_stages)
+    lay = stage_layout(cost, pipe)
     inst = Instance(lay, batch)
     m, rec = user_settings(inst)
     seqs = [(i, int(t)) for i, t in enumerate(inst.tokens)]

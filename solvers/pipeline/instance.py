@@ -64,9 +64,17 @@ class Instance:
         self.feats = self.layout.cost.batch_features(self.batch)
         self.ids = [s.id for s in self.batch.sequences]
 
+    def memo(self, key, make):
+        """make()'s value for `key`, computed once per instance (a batch on a layout)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
     @property
     def tokens(self) -> np.ndarray:
-        return self.feats[:, -2]
+        if "tokens" not in self._memo:
+            self._memo["tokens"] = np.ascontiguousarray(self.feats[:, -2])
+        return self._memo["tokens"]
 
     def additive(self, d: int) -> np.ndarray:
         """(S,) each sequence's seconds summed over the stages at degree d, less what a

@@ -1,17 +1,26 @@
 """The order of one column's micro-batches under the pipeline's schedule: named orders,
-then local search (swaps of two positions), each scored by the exact makespan.
+then local search, each scored by the exact makespan (makespan.batch_makespans: every
+candidate of a round priced at once).
 
 Named orders (by a micro-batch's seconds summed over the stages): data order; heaviest
 first (Megatron dev's dynamic CP emits its groups so); lightest first; small at both ends
 (verl's order: ascending to the middle, then descending); and "light ends, heavy early":
 the two lightest first and last, the rest heaviest first (the bound's fill and drain,
-dcp_opt/pipeline/bound.py, are short when the first and last micro-batches are)."""
+dcp_opt/pipeline/bound.py, are short when the first and last micro-batches are); "heavy
+middle, light ends" and its mirror; and the named orders of the micro-batches' stage-0
+forward and last-stage backward (the fill and drain) where those rank differently.
+
+Local search: over every swap of two positions and every move of one micro-batch to another
+position, priced a chunk at a time (the best of the first chunk that improves), until no
+move improves or the deadline passes."""
 
 from __future__ import annotations
 
 import time
 
 import numpy as np
+
+from dcp_opt.pipeline.makespan import batch_makespans
 
 from .instance import Column, Instance
 
@@ -31,37 +40,78 @@ def named_orders(weights) -> dict[str, list[int]]:
            "small_both_ends": small_at_both_ends(weights)}  # fmt: skip
     if m >= 3:
         out["light_ends_heavy_early"] = [asc[0]] + asc[2:][::-1] + [asc[1]]
+        out["light_ends_heavy_late"] = [asc[0]] + asc[2:] + [asc[1]]
+        mid = small_at_both_ends(weights)
+        out["small_both_ends_mirror"] = mid[::-1]
     return out
 
 
+def candidate_orders(times) -> np.ndarray:
+    """(K, m) the named orders of the micro-batches' total seconds, of their fill (stage 0's
+    forward) and of their drain (stage 0's backward), without repeats."""
+    f, b = times[0], times[1]
+    seen, out = set(), []
+    for w in ((f + b).sum(axis=0), f[0] + b[0], (f + b)[-1]):
+        for order in named_orders(w.tolist()).values():
+            if tuple(order) not in seen:
+                seen.add(tuple(order))
+                out.append(order)
+    return np.array(out, dtype=np.intp)
+
+
+def _price(inst: Instance, times, orders) -> np.ndarray:
+    pipe = inst.layout.pipeline
+    return batch_makespans(*times, orders, schedule=pipe.schedule, num_stages=pipe.num_stages,
+                           virtual=pipe.virtual_stages)  # fmt: skip
+
+
 def best_named(col: Column, inst: Instance, times) -> tuple[list[int], float]:
-    w = (times[0] + times[1]).sum(axis=0)
-    best, val = None, float("inf")
-    for order in named_orders(w).values():
-        v = col.makespan(inst, order, times)
-        if v < val:
-            best, val = order, v
-    return best, val
+    orders = candidate_orders(times)
+    v = _price(inst, times, orders)
+    k = int(v.argmin())
+    return orders[k].tolist(), float(v[k])
+
+
+def neighbours(order: np.ndarray) -> np.ndarray:
+    """Every swap of two positions and every move of one micro-batch to another position
+    (no-op moves left out), one row each."""
+    m = len(order)
+    i, j = np.triu_indices(m, 1)
+    swaps = np.tile(order, (len(i), 1))
+    r = np.arange(len(i))
+    swaps[r, i], swaps[r, j] = order[j], order[i]
+    a, c = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(m), indexing="ij"))
+    keep = (c != a) & (c != a - 1)
+    a, c = a[keep, None], c[keep, None]
+    pos = np.arange(m)[None, :]  # the moved one lands at c; those between shift by one
+    src = np.where(pos == c, a, pos + ((a < c) & (pos >= a) & (pos < c)) -
+                   ((a > c) & (pos > c) & (pos <= a)))  # fmt: skip
+    return np.vstack([swaps, order[src]])
+
+
+CHUNK = 512  # candidates priced per deadline check
 
 
 def local_search(col: Column, inst: Instance, times, order, value, deadline: float):
-    """First-improvement swaps of any two positions until none improves or the deadline
+    """Best improvement over `neighbours`, priced CHUNK at a time (the first chunk that
+    improves gives its best), until none improves or the deadline (time.process_time)
     passes."""
-    order = list(order)
-    m = len(order)
+    order = np.asarray(list(order), dtype=np.intp)
+    if len(order) < 2:
+        return order.tolist(), value
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and time.process_time() < deadline:
         improved = False
-        for i in range(m):
-            for j in range(i + 1, m):
-                cand = order.copy()
-                cand[i], cand[j] = cand[j], cand[i]
-                v = col.makespan(inst, cand, times)
-                if v < value * (1 - 1e-12):
-                    order, value, improved = cand, v, True
-                if time.perf_counter() > deadline:
-                    return order, value
-    return order, value
+        cand = neighbours(order)
+        for lo in range(0, len(cand), CHUNK):
+            v = _price(inst, times, cand[lo : lo + CHUNK])
+            k = int(v.argmin())
+            if v[k] < value * (1 - 1e-12):
+                order, value, improved = cand[lo + k], float(v[k]), True
+                break
+            if time.process_time() > deadline:
+                break
+    return order.tolist(), value
 
 
 def apply_order(col: Column, order) -> Column:

@@ -1,19 +1,27 @@
 """pp_greedy: a pipeline plan in milliseconds (issue 30).
 
-Search: for each degree d a stage's units allow (columns of d units, equal on every stage)
-the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's shape) and
-each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the sequences),
-compose (compose.pack) and assign to columns (compose.columns), order each
-column by the best named order (order.best_named), fit per-stage recompute
-(recompute.fit_recompute), and score the slowest column's exact makespan. The best draft
-then gets local search on its slowest columns, its recompute refit after each reorder.
-`time_limit_s` covers it all: the search stops at 35 % of it (once a draft fits), local
-search at 60 %, leaving the rest to validate, simulate and bound. Every answer carries the batch's certified lower bound
-(dcp_opt/pipeline/bound.py) + the step's collectives, and its gap.
+Search, on each layer split of `stage_splits` (the parameter-balanced one and Megatron-LM's
+even default): for each degree d a stage's units allow (columns of d units, equal on every
+stage) the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's
+shape) and each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the
+sequences); and mixed columns (compose.split_by_degree: the long sequences on columns of a
+high degree hi, the rest on columns of a low degree lo, hi / 8 <= lo < hi, the units split
+near their GPU-seconds). Each choice is composed (compose.pack, LPT) and assigned to columns
+(compose.columns), each column ordered by the best named order (order.best_named), its
+per-stage recompute fitted (recompute.fit_recompute), and scored by the slowest column's
+exact makespan; choices are drafted in the order of a stage-uniform estimate (`estimate`).
+The best draft then gets local search (order.local_search) on its slowest columns, its
+recompute refit after each reorder. `time_limit_s` covers it all, in this process's CPU
+seconds (time.process_time: a loaded machine stretches the wall time, not the plan): the
+search stops at 30 % of it (once a draft fits), local search at 50 %, leaving the rest to
+validate, simulate and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
+bound.py) + the step's collectives, and its gap; `stats` the single-phase bound and gap
+and the order bound of its own micro-batches.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -21,16 +29,16 @@ import numpy as np
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import DcpOptError, InfeasibleError
-from dcp_opt.pipeline.bound import batch_lower_bound, column_lower_bound
+from dcp_opt.pipeline.bound import batch_bound_parts, column_lower_bound
 from dcp_opt.pipeline.build import pipeline_plan
 from dcp_opt.pipeline.check import stage_sync_s
-from dcp_opt.pipeline.stages import stage_cluster, stage_layout
-from dcp_opt.plan import Group, MicroBatch
+from dcp_opt.pipeline.stages import pipeline_cost, stage_cluster, stage_layout
+from dcp_opt.plan import Group, MicroBatch, Pipeline
 from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
 from dcp_opt.validate import InvalidPlanError, validate
 
-from .compose import columns, consecutive, pack
+from .compose import columns, consecutive, pack, split_by_degree
 from .instance import Column, Instance, make_pipeline
 from .order import apply_order, best_named, local_search
 from .recompute import fit_recompute
@@ -50,7 +58,30 @@ def draft(inst: Instance, d: int, m: int, max_tokens: float):
     interleaved = lay.pipeline.schedule == "interleaved"
     if interleaved and len(mbs) % (ncol * lay.num_stages):
         return None
-    cols = columns(inst, d, mbs, equal_counts=interleaved)
+    return priced(inst, columns(inst, d, mbs, equal_counts=interleaved))
+
+
+def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: float):
+    """Columns of degree hi on the first units_hi units for the long sequences, of degree lo
+    on the rest (compose.split_by_degree), each part packed into m micro-batches per
+    column (LPT; m = 0: consecutive-free count, the tokens' least) and priced."""
+    n = inst.layout.num_units
+    lo_tokens = min(cap, window_tokens(inst, lo))
+    ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units_hi)
+    cols = []
+    for d, ids, start, units, tokens in ((hi, ids_hi, 0, units_hi, cap),
+                                         (lo, ids_lo, units_hi, n - units_hi, lo_tokens)):  # fmt: skip
+        if not ids:
+            continue
+        ncol = units // d
+        mbs = pack(inst, d, min(ncol * m, len(ids)), tokens, ids)
+        cols += columns(inst, d, mbs, start=start, units=units)
+    return priced(inst, cols)
+
+
+def priced(inst: Instance, cols: list):
+    """(slowest makespan, [(makespan, column)]) with each column's best named order and
+    its recompute fitted, or None if a column does not fit."""
     out, worst = [], 0.0
     for col in cols:
         order, _ = best_named(col, inst, col.times(inst))
@@ -64,35 +95,67 @@ def draft(inst: Instance, d: int, m: int, max_tokens: float):
 
 
 def search(inst: Instance, degrees, cap: float, deadline: float):
-    """The best draft over (degree, count): candidates ranked by the stage-uniform estimate
-    sum(t) / p + (p - 1) max(t) / p of their slowest column (t: a micro-batch's additive
-    seconds over all stages), then drafted exactly in that order; past the deadline once
-    one draft fits, the search stops. Degrees that cannot hold the longest sequence alone
-    are skipped."""
-    lay = inst.layout
-    p = lay.num_stages
-    cands = []
-    for d in degrees:
-        if lay.num_units % d or not fits_alone(inst, d):
-            continue
-        a, c0 = inst.additive(d), inst.per_micro_batch(d)
-        ncol = lay.num_units // d
-        tokens = min(cap, window_tokens(inst, d))
-        for m in COUNTS:
-            mbs = pack(inst, d, min(ncol * m * p, len(inst.ids)), tokens)
-            t = np.array([a[mb].sum() for mb in mbs]) + c0
-            est = t.sum() / ncol / p + (p - 1) * t.max() / p
-            cands.append((est, d, m, tokens))
-        t = np.array([a[mb].sum() for mb in consecutive(inst, d, tokens)]) + c0
-        cands.append((t.sum() / ncol / p + (p - 1) * t.max() / p, d, 0, tokens))
+    """The best draft over (degree, count) and mixed (hi, lo, units, count) choices:
+    candidates ranked by `estimate`, then drafted exactly in that order; past the deadline
+    once one draft fits, the search stops. Degrees that cannot hold the longest sequence
+    alone are skipped (as high degrees of a mix)."""
     best = None
-    for _, d, m, tokens in sorted(cands):
-        got = draft(inst, d, m * p, tokens)  # m = 0: consecutive cuts
+    for _, make in sorted(candidates(inst, degrees, cap), key=lambda c: c[0]):
+        got = make()
         if got is not None and (best is None or got[0] < best[0]):
             best = got
-        if best is not None and time.perf_counter() > deadline:
+        if best is not None and time.process_time() > deadline:
             break
     return best
+
+
+def estimate(inst: Instance, d: int, ids, units: int, m: int, tokens: float) -> float:
+    """The stage-uniform estimate sum(t) / p + (p - 1) max(t) / p of the slowest column of
+    degree d over `units` holding `ids` in about m micro-batches each (t: a micro-batch's
+    additive seconds over all stages; LPT's slowest is about max(longest, mean), Graham)."""
+    p = inst.layout.num_stages
+    a, c0 = inst.additive(d)[ids], inst.per_micro_batch(d)
+    ncol = units // d
+    total, top = float(a.sum()), float(a.max())
+    k = max(min(ncol * m, len(a)), -(-float(inst.tokens[ids].sum()) // tokens))
+    return (total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p
+
+
+def candidates(inst: Instance, degrees, cap: float) -> list:
+    """(estimate, thunk drafting it) for each pure degree and count (m in COUNTS x p;
+    consecutive cuts) and, outside the interleaved schedule, each mix of a high degree hi
+    on units_hi units and a low one lo on the rest (compose.split_by_degree), m = p, 2p."""
+    lay = inst.layout
+    p, n = lay.num_stages, lay.num_units
+    fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
+    everything = np.arange(len(inst.ids))
+    out = []
+    for d in fit:
+        tokens = min(cap, window_tokens(inst, d))
+        for m in COUNTS:
+            est = estimate(inst, d, everything, n, m * p, tokens)
+            out.append((est, functools.partial(draft, inst, d, m * p, tokens)))
+        est = estimate(inst, d, everything, n, 0, tokens)  # the fewest micro-batches
+        out.append((est, functools.partial(draft, inst, d, 0, tokens)))
+    if lay.pipeline.schedule == "interleaved":
+        return out
+    for hi in fit:
+        for lo in (d for d in degrees if hi // 8 <= d < hi and hi % d == 0):  # <= 8 lo a hi
+            lo_tokens = min(cap, window_tokens(inst, lo))
+            share = inst.additive(hi)[inst.tokens > lo_tokens].sum() * hi
+            share /= max(float((inst.additive(lo) * lo).sum()), 1e-30)  # forced GPU-s share
+            near = hi * max(1, round(n * share / hi))
+            for units in sorted({u for u in (near - hi, near, near + hi, n // 2) if 0 < u < n}):
+                if units % hi:
+                    continue
+                ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units)
+                if not ids_lo or not ids_hi:
+                    continue
+                for m in (p, 2 * p, 4 * p, 8 * p):
+                    est = max(estimate(inst, hi, ids_hi, units, m, cap),
+                              estimate(inst, lo, ids_lo, n - units, m, lo_tokens))  # fmt: skip
+                    out.append((est, functools.partial(mixed_draft, inst, hi, lo, units, m, cap)))
+    return out
 
 
 def window_tokens(inst: Instance, d: int) -> float:
@@ -100,14 +163,14 @@ def window_tokens(inst: Instance, d: int) -> float:
     recomputed, fit stage s (the 1F1B window; a first guess, fit_recompute decides). A
     longer sequence gets a micro-batch of its own (compose.pack)."""
     lay = inst.layout
-    co, p, t = lay.cost.coeffs, lay.num_stages, lay.tensor_parallel
+    co, p = lay.cost.coeffs, lay.num_stages
     col = Column(d, 0, [[0]], np.zeros((1, p), dtype=int))
     room = col.memory(inst)[2]
     out = float("inf")
     for s, n in enumerate(lay.pipeline.stage_layers):
         per_token = (p - s) * n * co.ckpt_bytes_per_token_layer + co.act_bytes_per_token_layer
         per_token += co.head_bytes_per_token if s == p - 1 else 0.0
-        out = min(out, room[s] * d * t / per_token)
+        out = min(out, room[s] * d / per_token)
     return out
 
 
@@ -126,7 +189,7 @@ def improve(inst: Instance, cols: list, deadline: float) -> list:
     """Local search on the slowest columns first; keep a reorder only if it still fits."""
     cols = sorted(cols, key=lambda vc: -vc[0])
     for i, (v, col) in enumerate(cols):
-        if time.perf_counter() > deadline:
+        if time.process_time() > deadline:
             break
         times = col.times(inst)
         order, nv = local_search(col, inst, times, range(len(col.mbs)), v, deadline)
@@ -147,24 +210,45 @@ def to_groups(inst: Instance, cols: list) -> list[Group]:
 
 
 def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
-                   virtual_stages: int = 1, tensor_parallel: int = 1,
+                   virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
                    seed: int = 0) -> PlanResult:  # fmt: skip
-    started = time.perf_counter()
-    layout = stage_layout(cost, make_pipeline(cost, pp, schedule, virtual_stages), tensor_parallel)
-    inst = Instance(layout, batch)
-    cap = float(max_tokens or max(131072, int(inst.tokens.max())))
-    degrees = stage_cluster(layout).allowed_degrees
-    best = search(inst, degrees, cap, started + 0.35 * time_limit_s)
+    started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
+    cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
+    best, inst = None, None
+    splits = stage_splits(cost, pp, virtual_stages)
+    for i, layers in enumerate(splits):  # each split its share of the search's 30 %
+        lay = stage_layout(cost, Pipeline(layers, schedule, virtual_stages))
+        here = Instance(lay, batch)
+        cap = float(max_tokens or max(131072, int(here.tokens.max())))
+        degrees = stage_cluster(lay).allowed_degrees
+        got = search(here, degrees, cap, cpu + 0.3 * time_limit_s * (i + 1) / len(splits))
+        if got is not None and (best is None or got[0] < best[0]):
+            best, inst = got, here
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "
-            f"stages' memory windows (p = {pp}, max_tokens {int(cap)}); more stages, tensor "
-            "parallelism or a smaller max_tokens"
+            f"stages' memory windows (p = {pp}, stage layers {list(splits)}, max_tokens "
+            f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
-    cols = improve(inst, best[1], started + 0.6 * time_limit_s)  # the rest: the tail
+    cols = improve(inst, best[1], cpu + 0.5 * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
+
+
+def stage_splits(cost: CostModel, pp: int, virtual: int = 1) -> list[tuple[int, ...]]:
+    """The layer splits pp_greedy tries: the parameter-balanced one (instance.
+    balanced_stage_layers) and the even one Megatron-LM makes by default (num_layers / p a
+    stage, the remainder to the middle stages), when they differ."""
+    first = make_pipeline(cost, pp, "1f1b", virtual).stage_layers
+    L = cost.model.num_layers
+    even = [L // pp] * pp
+    for k in range(L % pp):  # the middle stages hold neither embedding nor head
+        even[(pp - L % pp) // 2 + k] += 1
+    out = [first]
+    if tuple(even) != first and min(even) >= virtual:
+        out.append(tuple(even))
+    return out
 
 
 def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
@@ -185,15 +269,31 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
     sched = lay.pipeline.schedule
     order_lb = max(column_lower_bound(*c.times(inst), num_stages=lay.num_stages, schedule=sched)
                    for _, c in cols) + stage_sync_s(lay)  # fmt: skip
-    stats.update(order_bound_s=order_lb, order_gap=sim.step_time_s / order_lb - 1.0)
+    one = single_phase_bound_s(inst)
+    stats.update(order_bound_s=order_lb, order_gap=sim.step_time_s / order_lb - 1.0,
+                 single_phase_bound_s=one, single_phase_gap=sim.step_time_s / one - 1.0)  # fmt: skip
     return PlanResult(status, plan, sim.step_time_s, bound, time.perf_counter() - started,
                       planner, "", stats)  # fmt: skip
 
 
 def bound_s(inst: Instance) -> float:
-    """The batch's certified lower bound of the step (finish bound + the collectives)."""
-    lay = inst.layout
-    degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
-    if not degrees:
-        raise DcpOptError("pp: no degree divides a stage's units")
-    return batch_lower_bound(lay, inst.batch, degrees) + stage_sync_s(lay)
+    """The batch's certified lower bound of the step over every valid plan (finish bound +
+    the collectives; dcp_opt/pipeline/bound.py (1), (2), (4))."""
+    return _bound_parts(inst)["bound_s"] + stage_sync_s(inst.layout)
+
+
+def single_phase_bound_s(inst: Instance) -> float:
+    """The batch's bound over every single-phase plan (each unit runs one column: every
+    pipeline planner's and baseline's plan), with the window bound (5) as well."""
+    return _bound_parts(inst)["single_phase_bound_s"] + stage_sync_s(inst.layout)
+
+
+def _bound_parts(inst: Instance) -> dict:
+    def make():
+        lay = inst.layout
+        degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
+        if not degrees:
+            raise DcpOptError("pp: no degree divides a stage's units")
+        return batch_bound_parts(lay, inst.batch, degrees)
+
+    return inst.memo("bound", make)

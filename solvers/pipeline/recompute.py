@@ -15,26 +15,18 @@ from __future__ import annotations
 
 import math
 
-from dcp_opt.pipeline.makespan import column_actions
-from dcp_opt.pipeline.stages import chunk_recompute
+import numpy as np
+
+from dcp_opt.pipeline.makespan import stage_walk, walk_peak
 
 from .instance import Column, Instance
 
 
-def _peak(acts, stored, work, s: int, p: int):
-    """(peak bytes, in-flight micro-batches at the peak) of stage s."""
-    held, live, best, at = 0.0, set(), -1.0, set()
-    for a in acts:
-        c, k = a.chunk * p + s, a.micro_batch
-        if a.kind == "F":
-            held += stored[c][k]
-            live.add(k)
-        if held + work[c][k] > best:
-            best, at = held + work[c][k], set(live)
-        if a.kind == "B":
-            held -= stored[c][k]
-            live.discard(k)
-    return best, at
+def _peak(walk, stored, work):
+    """(peak bytes, in-flight micro-batches at the peak) of one stage (makespan.walk_peak)."""
+    peak, i = walk_peak(walk, stored, work)
+    first_f, first_b = walk[3], walk[4]
+    return peak, np.flatnonzero((first_f <= i) & (first_b >= i)).tolist()
 
 
 def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> bool:
@@ -44,16 +36,18 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
     p, pipe = lay.num_stages, lay.pipeline
     co = lay.cost.coeffs
     layers = pipe.stage_layers
-    acts = column_actions(pipe.schedule, p, len(col.mbs), pipe.virtual_stages)
-    stored_a, work_a, room = col.memory(inst)
-    stored, work = stored_a.tolist(), work_a.tolist()
-    local = [float(inst.tokens[mb].sum()) / col.degree / lay.tensor_parallel for mb in col.mbs]
+    stored, work, room = col.memory(inst)
+    walks = [stage_walk(pipe.schedule, p, len(col.mbs), pipe.virtual_stages, s) for s in range(p)]
+    local = [float(inst.tokens[mb].sum()) / col.degree for mb in col.mbs]
     act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+    f = col.times(inst)[0]  # a recomputed layer costs about one layer's forward
+    per_layer = [[max(float(f[s::p, k].sum()) / layers[s], 1e-30) for k in range(len(col.mbs))]
+                 for s in range(p)]  # fmt: skip
     todo = list(range(p))
     for _ in range(max_rounds):
         over = None
         for s in todo:
-            peak, live = _peak(acts[s], stored, work, s, p)
+            peak, live = _peak(walks[s], stored, work)
             if peak > room[s] * (1 - 1e-9):
                 over = (s, peak - room[s] * (1 - 1e-9), live)
                 break
@@ -65,15 +59,12 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
         cand = [k for k in live if col.rec[k, s] < layers[s] and act > ckpt]
         if not cand:
             return False
-        k = max(cand, key=lambda k: stored_on(stored, k, s, p))
+        k = max(cand, key=lambda k: local[k] / per_layer[s][k])  # bytes per second spent
         more = max(1, math.ceil(excess / (local[k] * (act - ckpt))))
         col.rec[k, s] = min(layers[s], col.rec[k, s] + more)
-        rc = chunk_recompute(lay, col.rec[k : k + 1])[:, 0]
+        left = int(col.rec[k, s])  # a stage's first layers: its chunks' in order
         for c in range(s, lay.num_virtual, p):
             n = lay.chunk_layers[c]
-            stored[c][k] = local[k] * ((n - rc[c]) * act + rc[c] * ckpt)
+            r, left = min(left, n), left - min(left, n)
+            stored[c, k] = local[k] * ((n - r) * act + r * ckpt)
     return False
-
-
-def stored_on(stored, k: int, s: int, p: int) -> float:
-    return float(sum(stored[c][k] for c in range(s, len(stored), p)))

@@ -1,0 +1,84 @@
+"""pp_greedy's parts (solvers/pipeline/): mixed-degree columns, the layer splits it tries,
+the vectorised packing and local search; every answer a valid plan."""
+
+import numpy as np
+import pytest
+from dcp_opt.solvers import run_planner
+from dcp_opt.solvers.pipeline.compose import pack, split_by_degree
+from dcp_opt.solvers.pipeline.instance import Instance, make_pipeline
+from dcp_opt.solvers.pipeline.order import local_search, neighbours
+from dcp_opt.solvers.pipeline.plan import mixed_draft, stage_splits
+
+from dcp_opt import CostModel, cluster_preset, model_preset, simulate, validate
+from dcp_opt.pipeline.stages import stage_layout
+from dcp_opt.workloads import standard_batch
+
+COST = CostModel(model_preset("llama-7b"), cluster_preset("h200x32"))
+BATCH = standard_batch("1d-wlbllm", 0, num_gpus=32, tokens_per_gpu=8192)
+
+
+def _inst(pp=4):
+    return Instance(stage_layout(COST, make_pipeline(COST, pp)), BATCH)
+
+
+def test_stage_splits_are_balanced_then_even():
+    # llama3-70b: 80 layers at p = 4: parameter-balanced (19, 21, 21, 19), Megatron's even
+    cost = CostModel(model_preset("llama3-70b"), cluster_preset("h200x64"))
+    assert stage_splits(cost, 4) == [(19, 21, 21, 19), (20, 20, 20, 20)]
+    # 80 layers at p = 3: the remainder 2 goes to the middle stages
+    assert stage_splits(cost, 3)[-1] == (27, 27, 26)
+
+
+def test_pack_covers_every_sequence_once_within_the_token_cap():
+    inst = _inst()
+    mbs = pack(inst, 2, 8, 32768)
+    flat = sorted(i for mb in mbs for i in mb)
+    assert flat == list(range(len(BATCH)))
+    longest = float(inst.tokens.max())
+    assert all(inst.tokens[mb].sum() <= max(32768, longest) for mb in mbs)
+
+
+def test_split_by_degree_sends_long_sequences_high():
+    inst = _inst()
+    hi, lo = split_by_degree(inst, 8, 1, 16384.0, 4)
+    assert sorted(hi + lo) == list(range(len(BATCH)))
+    assert all(inst.tokens[i] <= 16384 for i in lo)  # every longer one went high
+    assert set(np.flatnonzero(inst.tokens > 16384).tolist()) <= set(hi)
+
+
+def test_mixed_draft_is_a_valid_plan():
+    from dcp_opt.solvers.pipeline.plan import finish_pipeline
+
+    inst = _inst()  # 8 units a stage: a column of 4 for the long ones, of 1 or 2 for the rest
+    got = mixed_draft(inst, 4, 2, 4, 8, 131072.0)
+    assert got is not None
+    degrees = sorted({c.degree for _, c in got[1]})
+    assert degrees == [2, 4]
+    r = finish_pipeline(inst, got[1], planner="pp_greedy", started=0.0)
+    assert validate(r.plan, BATCH, COST) == []
+    assert r.predicted_step_time_s == pytest.approx(simulate(r.plan, BATCH, COST).step_time_s)
+    assert r.lower_bound_s <= r.stats["single_phase_bound_s"] <= r.predicted_step_time_s
+
+
+def test_local_search_never_worsens_and_moves_are_permutations():
+    order = np.arange(5)
+    cand = neighbours(order)
+    assert len(cand) == 10 + 5 * 5 - 5 - 4  # swaps + moves (no-op moves left out)
+    assert all(sorted(c) == list(range(5)) for c in cand.tolist())
+    inst = _inst()
+    from dcp_opt.solvers.pipeline.compose import columns
+
+    col = columns(inst, 8, pack(inst, 8, 6, 131072))[0]
+    times = col.times(inst)
+    start = col.makespan(inst)
+    got, v = local_search(col, inst, times, range(len(col.mbs)), start, float("inf"))
+    assert v <= start
+    assert v == pytest.approx(col.makespan(inst, got))
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_greedy_answers_valid_plans_above_the_bounds(pp):
+    r = run_planner("pp_greedy", BATCH, COST, pp=pp, time_limit_s=1.0)
+    assert validate(r.plan, BATCH, COST) == []
+    assert r.lower_bound_s <= r.stats["single_phase_bound_s"] <= r.predicted_step_time_s
+    assert r.plan.pipeline.stage_layers in stage_splits(COST, pp)
