@@ -32,6 +32,9 @@ FOREIGN_PRIVATE = {
     # torch FSDP2 under HSDP with the cross-domain all-reduce off: the unit's reduce-scattered
     # fp32 gradient shards, held until the closing micro-step all-reduces them
     "_partial_reduce_output",
+    # torch DeviceMesh (2.13 has no public form): split the TP mesh's "dp" column into
+    # ("replicate", "shard") in place, keeping the root FSDP2 joins with "tp" (HSDP + TP)
+    "_unflatten",
     # torch's CPU flash-attention kernels (runtime/cp.py: the log-sum-exp they return)
     "_scaled_dot_product_flash_attention_for_cpu",
     "_scaled_dot_product_flash_attention_for_cpu_backward",
