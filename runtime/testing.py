@@ -134,7 +134,15 @@ class DistWorkers:
         return [out[r] for r in range(self.world_size)]
 
     def run(self, fn: Callable, *args, wait_s: float | None = None) -> list:
-        """Run fn(ctx, *args) on every rank; its return values, by rank."""
+        """Run fn(ctx, *args) on every rank; its return values, by rank. A pool with a dead
+        rank fails at once, naming it (a later job would wait out its deadline on the ranks
+        left in a broken group, 4 x timeout_s per test)."""
+        dead = {r: p.exitcode for r, p in enumerate(self.procs) if not p.is_alive()}
+        if dead:
+            raise RuntimeError(
+                "workers: rank(s) no longer running (exit codes "
+                f"{dead}); earlier errors: {sorted(self.errors)}"
+            )
         for q in self.commands:
             q.put((fn, args))
         return self._collect(wait_s or 4 * self.timeout_s)
