@@ -11,6 +11,10 @@ setting without tensor parallelism (70B at p = 4 on 64 GPUs: 119 GB of states a 
 least TP degree that fits (the cost model's units, dcp_opt/pipeline/stages.py) is used by
 every method of that row; the row records it.
 
+Megatron runs at the max_seqlen_per_dp_cp_rank a user tunes on their data (every fitting
+power of two tried, the fastest kept: `megatron_heaviest_first`) and at the largest that
+fits (`megatron_max_m`; the setting earlier runs of this benchmark used).
+
 Per setting and method: step time (simulate(), or the lockstep evaluator for Megatron),
 pp_greedy's speedup over it, planning milliseconds (wall and process time). Every baseline
 runs on both layer splits (parameter-balanced and Megatron-LM's even default) and keeps its
@@ -57,8 +61,9 @@ def timed(fn, *args, **kw):
     return out, (time.perf_counter() - w) * 1e3, (time.process_time() - c) * 1e3
 
 
-def both_splits(fn, cost, pp: int, step) -> dict:
-    """The better of a baseline on the two splits pp_greedy tries (stage_splits)."""
+def both_splits(fn, cost, pp: int, step, keep=()) -> dict:
+    """The better of a baseline on the two splits pp_greedy tries (stage_splits); `keep`:
+    fields of its result to record."""
     best = None
     for layers in stage_splits(cost, pp):
         try:
@@ -67,7 +72,8 @@ def both_splits(fn, cost, pp: int, step) -> dict:
             best = best or {"error": str(e)[:200]}
             continue
         if "step_s" not in (best or {}) or step(r) < best["step_s"]:
-            best = {"step_s": step(r), "ms": ms, "cpu_ms": cpu, "split": list(layers)}
+            best = {"step_s": step(r), "ms": ms, "cpu_ms": cpu, "split": list(layers),
+                    **{k: int(r[k]) for k in keep}}  # fmt: skip
     return best
 
 
@@ -96,9 +102,11 @@ def one(batch, cost, pp: int) -> dict:
                                          "cpu_ms": cpu, "gap": il.gap}  # fmt: skip
     except DcpOptError as e:
         out["pp_greedy_interleaved2"] = {"error": str(e)[:200]}
-    out["megatron_heaviest_first"] = both_splits(
-        lambda **kw: megatron_pipeline_step(batch, cost, pp=pp, **kw), cost, pp,
-        lambda r: r["step_time_s"])  # fmt: skip
+    for name, m in (("megatron_heaviest_first", "tuned"), ("megatron_max_m", "max")):
+        out[name] = both_splits(
+            lambda m=m, **kw: megatron_pipeline_step(batch, cost, pp=pp, max_seqlen_per_rank=m,
+                                                     **kw), cost, pp,
+            lambda r: r["step_time_s"], keep=("max_seqlen_per_rank", "num_micro_steps"))  # fmt: skip
     for name in PIPELINE_BASELINES:
         out[name] = both_splits(lambda n=name, **kw: run_planner(n, batch, cost, pp=pp, **kw),
                                 cost, pp, lambda r: r.predicted_step_time_s)  # fmt: skip

@@ -32,6 +32,25 @@ def test_megatron_under_pp_is_priced_above_the_bound():
     assert mg["step_time_s"] >= g.lower_bound_s
 
 
+def test_megatron_under_pp_tunes_its_max_seqlen_as_a_user_sweeping_it():
+    tuned = megatron_pipeline_step(BATCH, COST, pp=4)
+    largest = megatron_pipeline_step(BATCH, COST, pp=4, max_seqlen_per_rank="max")
+    assert len(tuned["tried"]) >= 2  # more than one M fits this batch
+    assert largest["max_seqlen_per_rank"] == max(tuned["tried"])
+    assert tuned["step_time_s"] == min(tuned["tried"].values()) <= largest["step_time_s"]
+    m = min(tuned["tried"])
+    fixed = megatron_pipeline_step(BATCH, COST, pp=4, max_seqlen_per_rank=m)
+    assert fixed["max_seqlen_per_rank"] == m
+    assert fixed["step_time_s"] == pytest.approx(tuned["tried"][m])
+
+
+def test_megatron_under_pp_refuses_a_setting_that_does_not_fit():
+    with pytest.raises(Exception, match="max_seqlen_per_rank=3 does not fit"):
+        megatron_pipeline_step(BATCH, COST, pp=4, max_seqlen_per_rank=3)
+    with pytest.raises(ValueError, match="'tuned', 'max' or an int"):
+        megatron_pipeline_step(BATCH, COST, pp=4, max_seqlen_per_rank="best")
+
+
 def test_interleaved_baselines_keep_counts_a_multiple_of_p():
     r = run_planner("pp_greedy", BATCH, COST, pp=4, schedule="interleaved", virtual_stages=2)
     assert validate(r.plan, BATCH, COST) == []

@@ -12,8 +12,13 @@ group's pass starts when all its units are free.
 
 The user's settings: max_seqlen_per_dp_cp_rank M and recompute-num-layers r (uniform: the
 same first r layers of every stage recomputed in every micro-batch, Megatron's
---recompute-method block), chosen as a user tunes them: the largest power of two M, then
-the fewest r, at which p - s micro-batches of M tokens a rank fit stage s's memory.
+--recompute-method block). For each power of two M the fewest r at which p - s micro-batches
+of M tokens a rank fit stage s's memory (`fitting_settings`). Which M: `max_seqlen_per_rank`
+= "tuned" (the default) runs every fitting M and keeps the fastest step, as a user sweeping
+it on their data would (the best fixed setting in hindsight, as issue 25's tuned
+baselines); "max" takes the largest that fits (the memory-bound setting: at TP 2 on 256
+H200s for llama3-70b it leaves 3 micro-steps for 4 stages, 2.4x slower than tuned); an int
+fixes it.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from dcp_opt.plan import Pipeline
 from .megatron_schedule import group_spans, schedule
 
 
-def user_settings(inst: Instance) -> tuple[int, np.ndarray]:
-    """(M, per-stage r): the largest power of two M and fewest uniform r that fit."""
+def fitting_settings(inst: Instance) -> list[tuple[int, np.ndarray]]:
+    """[(M, per-stage r)], M from 2^20 down to 256 (powers of two), each with the fewest
+    uniform r that fits; the M that fit at no r are left out."""
     lay = inst.layout
     p, layers = lay.num_stages, lay.pipeline.stage_layers
-    m = 1 << 20
-    while m >= 256:
+    out = []
+    for m in (1 << k for k in range(20, 7, -1)):
         for r in range(max(layers) + 1):
             rec = np.minimum(r, np.array(layers))
             col = Column(1, 0, [[0]], rec[None, :])
@@ -48,18 +54,28 @@ def user_settings(inst: Instance) -> tuple[int, np.ndarray]:
             need = [((p - s) * stored[s::p, 0].sum() + work[s::p, 0].max()) * scale
                     for s in range(p)]  # fmt: skip
             if all(x <= y for x, y in zip(need, room, strict=True)):
-                return m, rec
-        m //= 2
-    raise InfeasibleError("megatron pipeline: no max_seqlen_per_dp_cp_rank >= 256 fits")
+                out.append((m, rec))
+                break
+    if not out:
+        raise InfeasibleError("megatron pipeline: no max_seqlen_per_dp_cp_rank >= 256 fits")
+    return out
+
+
+def user_settings(inst: Instance) -> tuple[int, np.ndarray]:
+    """(M, per-stage r): the largest power of two M and fewest uniform r that fit."""
+    return fitting_settings(inst)[0]
 
 
 def megatron_pipeline_step(batch: Batch, cost: CostModel, *, pp: int = 4,
                            schedule_name: str = "1f1b", virtual_stages: int = 1,
                            tensor_parallel: int | None = None,
-                           stage_layers: tuple[int, ...] | None = None) -> dict:  # fmt: skip
-    """{step_time_s, max_seqlen_per_rank, recompute, num_micro_steps, wall_time_s}.
+                           stage_layers: tuple[int, ...] | None = None,
+                           max_seqlen_per_rank: int | str = "tuned") -> dict:  # fmt: skip
+    """{step_time_s, max_seqlen_per_rank, recompute, num_micro_steps, wall_time_s, tried}.
     stage_layers: the layer split (default the parameter-balanced one; Megatron-LM's own
-    default is the even one, --decoder-first/last-pipeline-num-layers set others)."""
+    default is the even one, --decoder-first/last-pipeline-num-layers set others).
+    max_seqlen_per_rank: "tuned", "max" or an int (the module docstring); tried: the step
+    at each M run."""
     started = time.perf_counter()
     cost = pipeline_cost(cost, tensor_parallel)
     pipe = make_pipeline(cost, pp, schedule_name, virtual_stages)
@@ -67,7 +83,43 @@ def megatron_pipeline_step(batch: Batch, cost: CostModel, *, pp: int = 4,
         pipe = Pipeline(tuple(stage_layers), schedule_name, virtual_stages)
     lay = stage_layout(cost, pipe)
     inst = Instance(lay, batch)
-    m, rec = user_settings(inst)
+    settings = fitting_settings(inst)
+    if max_seqlen_per_rank == "max":
+        settings = settings[:1]
+    elif isinstance(max_seqlen_per_rank, int) and not isinstance(max_seqlen_per_rank, bool):
+        settings = [(m, r) for m, r in settings if m == max_seqlen_per_rank]
+        if not settings:
+            raise InfeasibleError(
+                f"megatron pipeline: max_seqlen_per_rank={max_seqlen_per_rank} does not fit "
+                f"(fitting powers of two: {[m for m, _ in fitting_settings(inst)]})"
+            )
+    elif max_seqlen_per_rank != "tuned":
+        raise ValueError(f"max_seqlen_per_rank: 'tuned', 'max' or an int, got "
+                         f"{max_seqlen_per_rank!r}")  # fmt: skip
+    tried = {}
+    best = None
+    for m, rec in settings:
+        if m < int(inst.tokens.max()) / lay.num_units:
+            continue  # the longest sequence needs more ranks than a stage has (rule 5a)
+        finish, count = _step_at(inst, lay, m, rec, schedule_name, pp, virtual_stages)
+        tried[m] = finish + stage_sync_s(lay)
+        if best is None or tried[m] < best[0]:
+            best = (tried[m], m, rec, count)
+    if best is None:
+        raise InfeasibleError("megatron pipeline: no fitting max_seqlen_per_dp_cp_rank holds "
+                              "the longest sequence on a stage's ranks")  # fmt: skip
+    return {
+        "step_time_s": best[0],
+        "max_seqlen_per_rank": best[1],
+        "recompute": best[2].tolist(),
+        "num_micro_steps": best[3],
+        "wall_time_s": time.perf_counter() - started,
+        "tried": tried,
+    }
+
+
+def _step_at(inst: Instance, lay, m: int, rec, schedule_name: str, pp: int, virtual: int):
+    """(finish, micro-steps) of Megatron's micro-steps at M = m, priced in lockstep."""
     seqs = [(i, int(t)) for i, t in enumerate(inst.tokens)]
     vpp = pp if schedule_name == "interleaved" else None
     steps = schedule(seqs, lay.num_units, m, vpp_group=vpp)
@@ -82,12 +134,5 @@ def megatron_pipeline_step(batch: Batch, cost: CostModel, *, pp: int = 4,
             f, b, x = column_times(lay, feats, size, start, "ulysses", rec[None, :])
             groups.append((range(start, start + size), f[:, 0], b[:, 0], x[:, 0]))
         priced.append(groups)
-    finish = lockstep_makespan(priced, schedule=schedule_name, num_stages=pp,
-                               virtual=virtual_stages)  # fmt: skip
-    return {
-        "step_time_s": finish + stage_sync_s(lay),
-        "max_seqlen_per_rank": m,
-        "recompute": rec.tolist(),
-        "num_micro_steps": len(steps),
-        "wall_time_s": time.perf_counter() - started,
-    }
+    finish = lockstep_makespan(priced, schedule=schedule_name, num_stages=pp, virtual=virtual)
+    return finish, len(steps)

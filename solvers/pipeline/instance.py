@@ -91,6 +91,22 @@ class Instance:
         self.additive(d)
         return self._memo[("add", d)][1]
 
+    def recompute_all(self, d: int) -> np.ndarray:
+        """(S, p) the seconds each sequence's every layer recomputed adds on each stage at
+        degree d (stages.column_times: a layer's forward and its collectives once more),
+        less what it adds to an empty micro-batch."""
+        if ("rec", d) not in self._memo:
+            lay = self.layout
+            p, V = lay.num_stages, lay.num_virtual
+            both = np.vstack([self.feats, np.zeros((1, self.feats.shape[1]))])
+            zero = np.zeros((len(both), p), dtype=int)
+            full = zero + np.array(lay.pipeline.stage_layers)
+            b0 = column_times(lay, both, d, 0, "ulysses", zero)[1]
+            b1 = column_times(lay, both, d, 0, "ulysses", full)[1]
+            extra = (b1 - b0).reshape(V // p, p, -1).sum(axis=0)  # (p, S + 1)
+            self._memo[("rec", d)] = np.maximum(extra[:, :-1] - extra[:, -1:], 0.0).T
+        return self._memo[("rec", d)]
+
 
 @dataclass
 class Column:

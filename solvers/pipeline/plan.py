@@ -1,20 +1,22 @@
 """pp_greedy: a pipeline plan in milliseconds (issue 30).
 
-Search, on each layer split of `stage_splits` (the parameter-balanced one and Megatron-LM's
-even default): for each degree d a stage's units allow (columns of d units, equal on every
-stage) the consecutive cuts of the length-sorted batch (compose.consecutive, DynaPipe's
-shape) and each micro-batch count per column m in (p, 2p, 4p, 8p) (capped by the
-sequences); and mixed columns (compose.split_by_degree: the long sequences on columns of a
-high degree hi, the rest on columns of a low degree lo, hi / 8 <= lo < hi, the units split
-near their GPU-seconds). Each choice is composed (compose.pack, LPT) and assigned to columns
-(compose.columns), each column ordered by the best named order (order.best_named), its
-per-stage recompute fitted (recompute.fit_recompute), and scored by the slowest column's
-exact makespan; choices are drafted in the order of a stage-uniform estimate (`estimate`).
-The best draft then gets local search (order.local_search) on its slowest columns, its
-recompute refit after each reorder. `time_limit_s` covers it all, in this process's CPU
-seconds (time.process_time: a loaded machine stretches the wall time, not the plan): the
-search stops at 30 % of it (once a draft fits), local search at 50 %, leaving the rest to
-validate, simulate and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
+Search, over the layer splits of `stage_splits` (the parameter-balanced one and Megatron-LM's
+even default) together: for each degree d a stage's units allow (columns of d units, equal
+on every stage) the consecutive cuts of the length-sorted batch (compose.consecutive,
+DynaPipe's shape) and, for each micro-batch token cap of `token_caps` (the 1F1B window with
+every layer recomputed, with none, and between), each micro-batch count per column m in
+(p, 2p, 4p, 8p) and the fewest at the cap; and mixed columns (compose.split_by_degree: the
+long sequences on columns of a high degree hi, the rest on columns of a low degree lo, hi /
+8 <= lo < hi, the units split near their GPU-seconds). Each choice is composed
+(compose.pack, LPT) and assigned to columns (compose.columns), each column ordered by the
+best named order (order.best_named), its per-stage recompute fitted
+(recompute.fit_recompute), and scored by the slowest column's exact makespan; choices are
+drafted in the order of a stage-uniform estimate that charges the recompute the windows
+need (`estimate`). The best draft then gets local search (order.local_search) on its
+slowest columns, its recompute refit after each reorder. `time_limit_s` covers it all, in
+this process's CPU seconds (time.process_time: a loaded machine stretches the wall time,
+not the plan): drafting stops at SEARCH_SHARE of it (once a draft fits), local search at
+LOCAL_SHARE, leaving the rest to validate, simulate and bound. Every answer carries the batch's certified lower bound (dcp_opt/pipeline/
 bound.py) + the step's collectives, and its gap; `stats` the single-phase bound and gap
 and the order bound of its own micro-batches.
 """
@@ -44,6 +46,7 @@ from .order import apply_order, best_named, local_search
 from .recompute import fit_recompute
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
+SEARCH_SHARE, LOCAL_SHARE = 0.55, 0.7  # of time_limit_s: drafting stops, local search stops
 
 
 def draft(inst: Instance, d: int, m: int, max_tokens: float):
@@ -61,22 +64,32 @@ def draft(inst: Instance, d: int, m: int, max_tokens: float):
     return priced(inst, columns(inst, d, mbs, equal_counts=interleaved))
 
 
-def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: float):
+def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: float,
+                lo_cap: float | None = None):  # fmt: skip
     """Columns of degree hi on the first units_hi units for the long sequences, of degree lo
-    on the rest (compose.split_by_degree), each part packed into m micro-batches per
-    column (LPT; m = 0: consecutive-free count, the tokens' least) and priced."""
+    on the rest (compose.split_by_degree, which sends every sequence over the lo window to
+    hi), each part packed (LPT) into m micro-batches per column, of at most `cap` tokens
+    (hi) and `lo_cap` (lo; default its window), and priced; m = 0: each part's fewest
+    micro-batches at its cap."""
     n = inst.layout.num_units
     lo_tokens = min(cap, window_tokens(inst, lo))
     ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units_hi)
+    lo_cap = lo_tokens if lo_cap is None else min(lo_cap, lo_tokens)
     cols = []
     for d, ids, start, units, tokens in ((hi, ids_hi, 0, units_hi, cap),
-                                         (lo, ids_lo, units_hi, n - units_hi, lo_tokens)):  # fmt: skip
+                                         (lo, ids_lo, units_hi, n - units_hi, lo_cap)):  # fmt: skip
         if not ids:
             continue
         ncol = units // d
-        mbs = pack(inst, d, min(ncol * m, len(ids)), tokens, ids)
+        k = ncol * m if m else fewest(inst, ids, tokens)
+        mbs = pack(inst, d, min(k, len(ids)), tokens, ids)
         cols += columns(inst, d, mbs, start=start, units=units)
     return priced(inst, cols)
+
+
+def fewest(inst: Instance, ids, tokens: float) -> int:
+    """The fewest micro-batches of at most `tokens` tokens that hold `ids`' tokens."""
+    return max(1, int(-(-float(inst.tokens[ids].sum()) // tokens)))
 
 
 def priced(inst: Instance, cols: list):
@@ -94,31 +107,82 @@ def priced(inst: Instance, cols: list):
     return worst, out
 
 
-def search(inst: Instance, degrees, cap: float, deadline: float):
-    """The best draft over (degree, count) and mixed (hi, lo, units, count) choices:
-    candidates ranked by `estimate`, then drafted exactly in that order; past the deadline
-    once one draft fits, the search stops. Degrees that cannot hold the longest sequence
-    alone are skipped (as high degrees of a mix)."""
+def search(scored: list, deadline: float):
+    """The best draft of `scored` [(estimate, instance, thunk)]: drafted in the order of
+    their estimates; past the deadline once one draft fits, the search stops. (makespan,
+    columns, instance) or None."""
     best = None
-    for _, make in sorted(candidates(inst, degrees, cap), key=lambda c: c[0]):
+    for _, inst, make in sorted(scored, key=lambda c: c[0]):
         got = make()
         if got is not None and (best is None or got[0] < best[0]):
-            best = got
+            best = (*got, inst)
         if best is not None and time.process_time() > deadline:
             break
     return best
 
 
-def estimate(inst: Instance, d: int, ids, units: int, m: int, tokens: float) -> float:
-    """The stage-uniform estimate sum(t) / p + (p - 1) max(t) / p of the slowest column of
+def estimate(inst: Instance, d: int, ids, units: int, m: int, tokens: float,
+             part: tuple | None = None) -> float:  # fmt: skip
+    """The stage-uniform estimate g (sum(t) / p + (p - 1) max(t) / p) of the slowest column of
     degree d over `units` holding `ids` in about m micro-batches each (t: a micro-batch's
-    additive seconds over all stages; LPT's slowest is about max(longest, mean), Graham)."""
+    additive seconds over all stages; LPT's slowest is about max(longest, mean), Graham),
+    g = 1 + the recompute the windows need over sum(t) (`recompute_estimate`); m = 0: the
+    fewest micro-batches of at most `tokens` tokens. part: `summary(inst, d, ids)`."""
     p = inst.layout.num_stages
-    a, c0 = inst.additive(d)[ids], inst.per_micro_batch(d)
+    total, top, tok, full = summary(inst, d, ids) if part is None else part
+    c0 = inst.per_micro_batch(d)
     ncol = units // d
-    total, top = float(a.sum()), float(a.max())
-    k = max(min(ncol * m, len(a)), -(-float(inst.tokens[ids].sum()) // tokens))
-    return (total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p
+    k = max(min(ncol * m, len(ids)), -(-tok // tokens))
+    g = 1.0 + recompute_estimate(inst, d, tok, full, k, ncol) / max(total, 1e-30)
+    return g * ((total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p)
+
+
+def summary(inst: Instance, d: int, ids) -> tuple:
+    """(sum of additive seconds, the largest, tokens, (p,) every layer's recompute seconds
+    summed) of `ids` at degree d: what `estimate` reads."""
+    a = inst.additive(d)[ids]
+    full = inst.recompute_all(d)[ids].sum(axis=0)
+    return float(a.sum()), float(a.max()), float(inst.tokens[ids].sum()), full
+
+
+def recompute_estimate(inst: Instance, d: int, tok: float, full, k: float, ncol: int) -> float:
+    """Seconds of recompute summed over the stages that `tok` tokens in k micro-batches of
+    equal tokens on ncol columns of degree d need for stage s's window (p - s in flight
+    under 1F1B, the column's all under GPipe) to fit: the fraction of the layers that
+    closes the excess (recompute.fit_recompute's rule, uniform), times `full` (p,), every
+    layer's recompute."""
+    lay = inst.layout
+    p = lay.num_stages
+    per_col = k / ncol
+    w = np.full(p, per_col) if lay.pipeline.schedule == "gpipe" else np.minimum(
+        np.arange(p, 0, -1), per_col)  # fmt: skip
+    keep, save, work, room = window_terms(inst, d)
+    local = tok / k / d
+    need = local * (w * keep + work) - room
+    frac = np.clip(need / np.maximum(local * w * save, 1e-30), 0.0, 1.0)
+    return float((frac * full).sum())
+
+
+def window_terms(inst: Instance, d: int) -> tuple:
+    """(p,) per stage: bytes a local token keeps with nothing recomputed, bytes recomputing
+    everything saves, the working set's bytes per local token, the room."""
+
+    def make():
+        co, lay = inst.layout.cost.coeffs, inst.layout
+        n = np.array(lay.pipeline.stage_layers, dtype=float)
+        act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+        work = np.full(lay.num_stages, act)
+        work[-1] += co.head_bytes_per_token
+        return n * act, n * max(act - ckpt, 1e-30), work, stage_room(inst, d)
+
+    return inst.memo(("window", d), make)
+
+
+def stage_room(inst: Instance, d: int) -> np.ndarray:
+    """(p,) a unit's bytes left on each stage for activations (a column of degree d at
+    unit 0)."""
+    return inst.memo(("room", d), lambda: Column(d, 0, [[0]], np.zeros(
+        (1, inst.layout.num_stages), dtype=int)).memory(inst)[2])  # fmt: skip
 
 
 def candidates(inst: Instance, degrees, cap: float) -> list:
@@ -131,11 +195,14 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
     everything = np.arange(len(inst.ids))
     out = []
     for d in fit:
+        part = summary(inst, d, everything)
+        for tokens in token_caps(inst, d, cap):
+            least = -(-fewest(inst, everything, tokens) // (n // d))
+            for m in sorted({*(c * p for c in COUNTS), least}):
+                est = estimate(inst, d, everything, n, m, tokens, part)
+                out.append((est, functools.partial(draft, inst, d, m, tokens)))
         tokens = min(cap, window_tokens(inst, d))
-        for m in COUNTS:
-            est = estimate(inst, d, everything, n, m * p, tokens)
-            out.append((est, functools.partial(draft, inst, d, m * p, tokens)))
-        est = estimate(inst, d, everything, n, 0, tokens)  # the fewest micro-batches
+        est = estimate(inst, d, everything, n, 0, tokens, part)  # the fewest micro-batches
         out.append((est, functools.partial(draft, inst, d, 0, tokens)))
     if lay.pipeline.schedule == "interleaved":
         return out
@@ -151,27 +218,40 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
                 ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units)
                 if not ids_lo or not ids_hi:
                     continue
+                ph, pl = summary(inst, hi, ids_hi), summary(inst, lo, ids_lo)
                 for m in (p, 2 * p, 4 * p, 8 * p):
-                    est = max(estimate(inst, hi, ids_hi, units, m, cap),
-                              estimate(inst, lo, ids_lo, n - units, m, lo_tokens))  # fmt: skip
+                    est = max(estimate(inst, hi, ids_hi, units, m, cap, ph),
+                              estimate(inst, lo, ids_lo, n - units, m, lo_tokens, pl))  # fmt: skip
                     out.append((est, functools.partial(mixed_draft, inst, hi, lo, units, m, cap)))
+                for lo_cap in token_caps(inst, lo, lo_tokens):  # each part its fewest
+                    est = max(estimate(inst, hi, ids_hi, units, 0, cap, ph),
+                              estimate(inst, lo, ids_lo, n - units, 0, lo_cap, pl))  # fmt: skip
+                    out.append((est, functools.partial(mixed_draft, inst, hi, lo, units, 0, cap,
+                                                       lo_cap)))  # fmt: skip
     return out
 
 
-def window_tokens(inst: Instance, d: int) -> float:
+def window_tokens(inst: Instance, d: int, keep: bool = False) -> float:
     """Tokens per micro-batch with which p - s in-flight micro-batches, every layer
-    recomputed, fit stage s (the 1F1B window; a first guess, fit_recompute decides). A
-    longer sequence gets a micro-batch of its own (compose.pack)."""
+    recomputed (keep: none), fit stage s (the 1F1B window; a first guess, fit_recompute
+    decides). A longer sequence gets a micro-batch of its own (compose.pack)."""
     lay = inst.layout
     co, p = lay.cost.coeffs, lay.num_stages
-    col = Column(d, 0, [[0]], np.zeros((1, p), dtype=int))
-    room = col.memory(inst)[2]
+    room = stage_room(inst, d)
+    stored = co.act_bytes_per_token_layer if keep else co.ckpt_bytes_per_token_layer
     out = float("inf")
     for s, n in enumerate(lay.pipeline.stage_layers):
-        per_token = (p - s) * n * co.ckpt_bytes_per_token_layer + co.act_bytes_per_token_layer
+        per_token = (p - s) * n * stored + co.act_bytes_per_token_layer
         per_token += co.head_bytes_per_token if s == p - 1 else 0.0
         out = min(out, room[s] * d / per_token)
     return out
+
+
+def token_caps(inst: Instance, d: int, cap: float) -> list[float]:
+    """The micro-batch token caps tried at degree d: the window with every layer recomputed,
+    with none, and their geometric mean, each at most `cap`."""
+    lo, hi = window_tokens(inst, d, keep=True), window_tokens(inst, d)
+    return sorted({min(cap, x) for x in (lo, (lo * hi) ** 0.5, hi)})
 
 
 def fits_alone(inst: Instance, d: int) -> bool:
@@ -215,23 +295,23 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
                    seed: int = 0) -> PlanResult:  # fmt: skip
     started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
-    best, inst = None, None
     splits = stage_splits(cost, pp, virtual_stages)
-    for i, layers in enumerate(splits):  # each split its share of the search's 30 %
+    scored = []  # every split's candidates, ranked together by their estimates
+    for layers in splits:
         lay = stage_layout(cost, Pipeline(layers, schedule, virtual_stages))
         here = Instance(lay, batch)
         cap = float(max_tokens or max(131072, int(here.tokens.max())))
         degrees = stage_cluster(lay).allowed_degrees
-        got = search(here, degrees, cap, cpu + 0.3 * time_limit_s * (i + 1) / len(splits))
-        if got is not None and (best is None or got[0] < best[0]):
-            best, inst = got, here
+        scored += [(est, here, make) for est, make in candidates(here, degrees, cap)]
+    best = search(scored, cpu + SEARCH_SHARE * time_limit_s)
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "
             f"stages' memory windows (p = {pp}, stage layers {list(splits)}, max_tokens "
             f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
-    cols = improve(inst, best[1], cpu + 0.5 * time_limit_s)  # the rest: the tail
+    _, cols, inst = best
+    cols = improve(inst, cols, cpu + LOCAL_SHARE * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
 
