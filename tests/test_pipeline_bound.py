@@ -269,3 +269,25 @@ def test_pp_cpsat_reports_an_order_bound_at_or_below_its_step():
     batch = standard_batch("1d-balanced", 0, num_gpus=8, tokens_per_gpu=4096)
     r = run_planner("pp_cpsat", batch, COST, pp=2, time_limit_s=2.0)
     assert r.stats["order_bound_s"] <= r.predicted_step_time_s * (1 + 1e-9)
+
+
+def test_the_degree_coupled_window_bound_is_tighter_here_and_below_the_plan():
+    # eight 6K sequences on the tight cluster: (5) prices every byte at the cheapest degree's
+    # micro-batch and recompute; (6) keeps each degree's own prices, so it charges more
+    from dcp_opt.pipeline import bound as B
+
+    lay = stage_layout(TIGHT, Pipeline((8, 8), "1f1b"))
+    batch = Batch([Sequence(i, (6144,)) for i in range(8)])
+    degs = [1, 2, 4]
+    f, b, _, ok = B.sequence_stage_times(lay, batch, degs)
+    big = np.where(ok, 0.0, np.inf)[:, None, :]
+    a = np.maximum(f + b - B.per_micro_batch_seconds(lay, degs)[:, :, None], 0.0) + big
+    parts = B.batch_bound_parts(lay, batch, degs)
+    ends = parts["head_s"] + parts["tail_s"]
+    gpu_s = (np.array(degs, dtype=float)[:, None, None] * a).min(axis=0).sum(axis=1)
+    pooled = B.window_bounds(lay, batch, degs, ok, ends, gpu_s)
+    coupled = B.window_dual(lay, batch, degs, a, ends)
+    assert (coupled > pooled * 1.005).all()
+    assert np.allclose(parts["window_s"], coupled)
+    r = run_planner("pp_greedy", batch, TIGHT, pp=2)
+    assert coupled.max() <= r.predicted_step_time_s

@@ -54,7 +54,32 @@ cheapest degree's extra forward) or by micro-batches (room_s / w bytes for c0_s,
 per-unit micro-batch constant on s); the fractional knapsack gives the least GPU-seconds
 for the bytes over the allowance, and (1) becomes head_s + (G_s + that) / n + tail_s. A
 relaxation: each sequence takes its own degree, recompute is real-valued, micro-batches
-cost only their constant.
+cost only their constant. (G_s already holds each sequence's alone recompute at its degree,
+so only the recompute past it is bought.)
+
+(6) Windows by degree, the Lagrangian dual of (5)'s linear program with the degrees
+coupled. Sum (5)'s per-column inequality over the columns of degree d: with x_id the share
+of sequence i at degree d (0 where it does not fit alone), y_id the bytes its recompute past
+r_lo(i, d) saves (<= cap_id x_id, cap_id = T_i (act - ckpt) (L_s - r_lo)), z_d the micro-
+batches at d and u_d the units in columns of d (sum_d u_d <= n),
+
+    sum_i B_id x_id - sum_i y_id <= room_s / w (d z_d + (w - 1) u_d)   for every d,
+
+B_id = T_i ((L_s - r_lo) act + r_lo ckpt), while stage s's GPU-seconds are at least
+sum_id d a_s(i, d) x_id + sum_id pi_id y_id + sum_d d c0_s(d) z_d (pi_id: a recomputed
+layer's GPU-seconds per byte it saves, c0_s(d) what a micro-batch pays on s at d). For any
+lambda_d >= 0 with lambda_d <= c0_s(d) w / room_s (else z_d makes the minimum -inf), the
+minimum of that work + sum_d lambda_d (left - right) over the x, y, z, u above is at or
+below every single-phase plan's GPU-seconds (weak duality), and it is
+
+    g(lambda) = sum_i min_d [d a_s(i, d) + lambda_d T_i L_s ckpt + min(lambda_d, pi_id) cap_id]
+                - n room_s (w - 1) / w max_d lambda_d
+
+(y at its bound where pi_id < lambda_d, z at 0, all u on the largest lambda_d). So
+finish >= head_s + g(lambda) / n + tail_s for every such lambda: `window_dual` evaluates
+lambda_d = min(Lambda, c0_s(d) w / room_s) on a grid of Lambda and keeps the largest, a
+valid bound whichever Lambda wins. GPipe holds all its micro-batches at once: w (w - 1) / w
+becomes 1 and no z term (no upper limit on lambda_d).
 """
 
 from __future__ import annotations
@@ -193,8 +218,9 @@ def batch_bound_parts(layout: StageLayout, batch, degrees) -> dict:
     fill = head + gpu_s / n + tail
     chain = ((f + b).sum(axis=1) + 2 * x.sum(axis=1) + big[:, 0]).min(axis=0).max()
     win = np.zeros(p)
-    if p == V:  # (5): per stage, the least recompute and constants that fit the windows
+    if p == V:  # (5), (6): per stage, the least recompute and constants that fit the windows
         win = window_bounds(layout, batch, degrees, ok, head + tail, gpu_s)
+        win = np.maximum(win, window_dual(layout, batch, degrees, a, head + tail))
     return {"bound_s": max(float(fill.max()), float(chain)), "head_s": head,
             "work_s": gpu_s / n, "tail_s": tail, "chain_s": float(chain),
             "window_s": win, "single_phase_bound_s": max(float(fill.max()), float(chain),
@@ -223,8 +249,8 @@ def window_bounds(layout: StageLayout, batch, degrees, ok, ends, gpu_s) -> np.nd
     for s in range(p):
         if room[s] <= 0:
             continue  # no plan fits this stage: (1) stands
-        lo = r_lo[:, s]
-        fixed = float((rho[s] * lo).sum())
+        lo = r_lo[:, s]  # gpu_s holds each sequence's alone recompute already
+        fixed = 0.0
         w = None if gpipe else p - s
         free = n * room[s] * (1.0 if w is None else (w - 1) / w)
         need = float((tokens * ((L[s] - lo) * act + lo * ckpt)).sum()) - free
@@ -270,3 +296,56 @@ def recompute_gpu_seconds(layout: StageLayout, batch, degrees) -> np.ndarray:
         extra = extra.reshape(V // p, p, -1).sum(axis=0)  # (p, S + 1)
         out.append(np.maximum(extra[:, :-1] - extra[:, -1:], 0.0) * d)
     return np.array(out)
+
+
+def window_dual(layout: StageLayout, batch, degrees, a, ends) -> np.ndarray:
+    """(6) above per stage (V = p; single-phase plans): head_s + max over a grid of Lambda of
+    g(lambda(Lambda)) / n + tail_s. a: (D, p, S) the sequences' stage seconds at each degree
+    with their alone recompute (inf where they do not fit alone)."""
+    cost, co = layout.cost, layout.cost.coeffs
+    p, n, L = layout.num_stages, layout.num_units, layout.pipeline.stage_layers
+    tokens = cost.batch_features(batch)[:, -2]
+    mem = cost.cluster.memory_bytes
+    if cost.cluster.memory_per_rank is not None:
+        mem = max(cost.cluster.memory_per_rank)
+    room = mem * cost.usable_memory_fraction - stage_fixed_bytes(layout)
+    act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+    deg = np.array(degrees, dtype=float)
+    r_lo = np.array([alone_recompute(layout, tokens, int(d)) for d in degrees])  # (D, S, p)
+    r_lo = np.where(r_lo < 0, np.array(L)[None, None, :], r_lo).astype(float)
+    rho = recompute_gpu_seconds(layout, batch, degrees)  # (D, p, S) per recomputed layer
+    c0 = per_micro_batch_seconds(layout, degrees)  # (D, p) per unit, V = p
+    gpipe = layout.pipeline.schedule == "gpipe"
+    out = np.zeros(p)
+    save = tokens * max(act - ckpt, 0.0)  # (S,) bytes a recomputed layer saves
+    for s in range(p):
+        if room[s] <= 0 or save.max() <= 0:
+            continue
+        w = p - s
+        keep = 1.0 if gpipe else (w - 1) / w
+        box = np.full(len(deg), np.inf) if gpipe else c0[:, s] * w / room[s]  # (D,)
+        work = deg[:, None] * a[:, s, :]  # (D, S), inf where i does not fit alone at d
+        cap = save[None, :] * (L[s] - r_lo[:, :, s])  # (D, S)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pi = np.where(save > 0, rho[:, s, :] / np.where(save > 0, save, 1.0), np.inf)
+        base = tokens * L[s] * ckpt  # (S,)
+        grid = _lambda_grid(pi, box, work, base, cap)
+        best = 0.0
+        for lam_max in grid:
+            lam = np.minimum(lam_max, box)[:, None]  # (D, 1)
+            cost_i = work + lam * base[None, :] + np.minimum(lam, pi) * cap
+            g = float(cost_i.min(axis=0).sum()) - n * room[s] * keep * float(lam.max())
+            best = max(best, g)
+        out[s] = ends[s] + best / n
+    return out
+
+
+def _lambda_grid(pi, box, work, base, cap) -> np.ndarray:
+    """Values of Lambda to try: 0, each degree's limit, and a geometric grid over the prices
+    at which a sequence's cheapest degree or recompute can change (any value is valid)."""
+    finite = np.concatenate([pi[np.isfinite(pi) & (pi > 0)], box[np.isfinite(box) & (box > 0)]])
+    if finite.size == 0:
+        return np.array([0.0])
+    lo, hi = float(finite.min()), float(finite.max())
+    geo = np.geomspace(lo / 4, hi * 4, 48)
+    return np.unique(np.concatenate([[0.0], box[np.isfinite(box)], geo]))
