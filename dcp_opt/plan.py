@@ -35,8 +35,9 @@ from .errors import PlanFormatError, is_real, loads_json, short_repr
 # micro-batch's stage_recompute. A plan that uses none of them is written as version 2, byte
 # for byte as before (so its content_hash and every older reader are unchanged).
 SCHEMA_VERSION = 3
+MICRO_STEP_SCHEMA_VERSION = 4  # a pipeline whose phases are micro-steps (docs/plan-format.md)
 BASE_SCHEMA_VERSION = 2  # what a plan without any 4-D layout field is written as
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
 NORMALIZERS = ("tokens", "samples")
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -61,11 +62,15 @@ class Pipeline:
     and loss on the last). Every stage runs the plan's DCP layout (its phases and groups) on
     its own units, so each group is a column of pipelines with its ordered micro-batches.
     `schedule`: "gpipe" (all forwards, then all backwards), "1f1b" (Narayanan et al. 2021,
-    PipeDream-Flush) or "interleaved" (1F1B over `virtual_stages` model chunks per stage)."""
+    PipeDream-Flush) or "interleaved" (1F1B over `virtual_stages` model chunks per stage).
+    `micro_steps`: the phases are the pipeline's micro-steps, each group holding at most one
+    micro-batch, every unit running the schedule over them (Megatron dev's dynamic CP under
+    PP re-forms groups per micro-step; docs/plan-format.md, schema 4)."""
 
     stage_layers: tuple[int, ...]
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    micro_steps: bool = False
 
     @property
     def num_stages(self) -> int:
@@ -182,6 +187,9 @@ class Plan:
                 "schedule": self.pipeline.schedule,
                 "virtual_stages": self.pipeline.virtual_stages,
             }
+            if self.pipeline.micro_steps:  # a version 3 reader would take them for flushes
+                d["pipeline"]["micro_steps"] = True
+                d["schema_version"] = MICRO_STEP_SCHEMA_VERSION
         return d
 
     def _to_dict(self) -> dict:
@@ -362,7 +370,17 @@ def _parse_layout(d: dict) -> dict:
                 f"{list(PIPELINE_SCHEDULES)}"
             )
         virtual = _positive_int(pipe, "virtual_stages", 1, 1)
-        out["pipeline"] = Pipeline(tuple(layers), schedule, virtual)
+        steps = pipe.get("micro_steps", False)
+        if not isinstance(steps, bool):
+            raise PlanFormatError(
+                f"plan.pipeline.micro_steps: expected true or false, got {short_repr(steps)}"
+            )
+        if steps and d.get("schema_version") != MICRO_STEP_SCHEMA_VERSION:
+            raise PlanFormatError(
+                f"plan.pipeline.micro_steps: needs schema_version {MICRO_STEP_SCHEMA_VERSION}, "
+                f"got {short_repr(d.get('schema_version'))}"
+            )
+        out["pipeline"] = Pipeline(tuple(layers), schedule, virtual, steps)
     return out
 
 

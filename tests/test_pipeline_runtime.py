@@ -1,7 +1,9 @@
 """The pipeline runtime (issue 30, deliverable 5) trains exactly: on 4 gloo ranks in float64,
 TinyLM split into stages runs hand-made pipeline plans (PP 2 x SP 2 under Ulysses and cp, PP 2
 with two degree-1 columns of unequal micro-batch counts and an idle column, a phase that
-re-forms the groups, PP 4 under 1F1B and GPipe; variable micro-batches, per-stage recompute)
+re-forms the groups, PP 4 under 1F1B and GPipe, and a micro-step plan (schema 4) whose groups
+change every micro-step with an idle unit, under 1F1B and GPipe; variable micro-batches,
+per-stage recompute)
 and the step's gradient equals single-process training on the same batch to 1e-9. Every rank
 runs exactly `dcp_opt.pipeline.stage_actions` for its column, and the ranks of one stage end
 with the same gradient (summed over the stage's ranks, not the world). A hang fails through
@@ -44,7 +46,8 @@ def mb(ids, stage_recompute) -> MicroBatch:
     return MicroBatch(tuple(ids), sum(stage_recompute), tuple(stage_recompute))
 
 
-def pipeline_plan(phases, batch, *, num_ranks, stage_layers, schedule="1f1b") -> Plan:
+def pipeline_plan(phases, batch, *, num_ranks, stage_layers, schedule="1f1b",
+                  micro_steps=False) -> Plan:  # fmt: skip
     """phases: [[(start, degree, kind, [micro-batches])]] (one list of groups per phase)."""
     return Plan(
         tuple(
@@ -53,7 +56,7 @@ def pipeline_plan(phases, batch, *, num_ranks, stage_layers, schedule="1f1b") ->
         ),
         num_ranks,
         loss_normalizer(batch, "tokens"),
-        pipeline=Pipeline(tuple(stage_layers), schedule),
+        pipeline=Pipeline(tuple(stage_layers), schedule, micro_steps=micro_steps),
     )
 
 
@@ -84,7 +87,17 @@ def cases() -> dict[str, Plan]:
         [(0, 1, "ulysses", []), (1, 1, "ulysses", [mb([6], (3, 0))])],
     ]
     four = [[(0, 1, "ulysses", [mb(m.sequence_ids, (1, 0, 1, 0)) for m in MBS])]]
+    # micro-steps: the groups change every micro-step (Megatron dev's shape), unit 0 idles
+    # in one, a cp group in another
+    steps = [
+        [(0, 2, "ulysses", [mb([2], (1, 2))])],
+        [(0, 1, "ulysses", [mb([0, 1], (0, 1))]), (1, 1, "ulysses", [mb([3, 4, 5], (1, 0))])],
+        [(0, 1, "ulysses", []), (1, 1, "ulysses", [mb([6], (0, 3))])],
+        [(0, 2, "cp", [mb([7], (1, 1))])],
+    ]
     return {
+        "pp2 x micro-steps, 1f1b": pipeline_plan(steps, BATCH, num_ranks=2, stage_layers=(1, 3), micro_steps=True),
+        "pp2 x micro-steps, gpipe": pipeline_plan(steps, BATCH, num_ranks=2, stage_layers=(1, 3), schedule="gpipe", micro_steps=True),
         "pp2 x sp2 ulysses, 1f1b": pipeline_plan(two_by_two, BATCH, num_ranks=2, stage_layers=(1, 3)),
         "pp2 x sp2 cp, gpipe": pipeline_plan(cp, BATCH, num_ranks=2, stage_layers=(2, 2), schedule="gpipe"),
         "pp2 x 2 columns, unequal": pipeline_plan(columns, BATCH, num_ranks=2, stage_layers=(3, 1)),
@@ -144,6 +157,10 @@ def reference(batch: Batch, seed: int, step: int):
 def expected_actions(plan: Plan, rank: int) -> list:
     n, pipe = plan.num_ranks, plan.pipeline
     s, out = rank // n, []
+    if pipe.micro_steps:  # the schedule over every micro-step, less those the unit idles in
+        K = len(plan.phases)
+        return [(a.micro_batch, str(a)) for a in stage_actions(pipe.schedule, pipe.num_stages, K, s)
+                if plan.group_of(rank % n, a.micro_batch).micro_batches]  # fmt: skip
     for p in range(len(plan.phases)):
         m = len(plan.group_of(rank % n, p).micro_batches)
         out += [(p, str(a)) for a in stage_actions(pipe.schedule, pipe.num_stages, m, s)]

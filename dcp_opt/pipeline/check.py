@@ -18,6 +18,7 @@ import numpy as np
 
 from ..batch import Batch
 from ..plan import Plan
+from .lockstep import micro_step_finish, unit_peaks
 from .makespan import column_makespan, stage_peaks
 from .stages import (
     PIPELINE_KINDS,
@@ -94,6 +95,8 @@ def stage_sync_s(layout: StageLayout) -> float:
 
 
 def simulate_pipeline(plan: Plan, batch: Batch, layout: StageLayout) -> PipelineSim:
+    if layout.pipeline.micro_steps:
+        return simulate_micro_steps(plan, batch, layout)
     p, n = layout.num_stages, layout.num_units
     ready = [0.0] * n
     busy = np.zeros((p, n))
@@ -110,6 +113,20 @@ def simulate_pipeline(plan: Plan, batch: Batch, layout: StageLayout) -> Pipeline
             busy[:, s : s + d] += np.array(c.busy_s)[:, None]
             peak[:, s : s + d] = np.maximum(peak[:, s : s + d], np.array(c.peak_bytes)[:, None])
     return PipelineSim(max(ready) if n else 0.0, stage_sync_s(layout), tuple(cols), busy, peak)
+
+
+def simulate_micro_steps(plan: Plan, batch: Batch, layout: StageLayout) -> PipelineSim:
+    """A plan whose phases are micro-steps (docs/plan-format.md, version 4): every unit runs
+    the schedule over them (lockstep.lockstep_makespan); busy and peak per (stage, unit)."""
+    p, n = layout.num_stages, layout.num_units
+    parts = micro_step_parts(layout, batch, plan)
+    busy = np.zeros((p, n))
+    for ps in parts:
+        for g, f, b, _, _, _ in ps:
+            per_stage = (f + b).reshape(-1, p).sum(axis=0)  # chunk c on stage c % p
+            busy[:, g.start_rank : g.start_rank + g.degree] += per_stage[:, None]
+    peak = unit_peaks(layout, parts) + stage_fixed_bytes(layout)[:, None]
+    return PipelineSim(micro_step_finish(layout, parts), stage_sync_s(layout), (), busy, peak)
 
 
 def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[tuple[str, str]]:
@@ -133,6 +150,12 @@ def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[t
                 out.append(("BAD_KIND", f"{where}: kind {g.kind!r}; allowed in a pipeline "
                             f"{list(PIPELINE_KINDS)}"))  # fmt: skip
                 continue
+            if pipe.micro_steps and len(mbs) > 1:
+                out.append(("BAD_PIPELINE", f"{where}: {len(mbs)} micro-batches; a group of "
+                            "a micro-step holds at most one (pipeline.micro_steps)"))  # fmt: skip
+                continue
+            if pipe.micro_steps:
+                continue  # memory per unit, below
             if pipe.schedule == "interleaved" and len(mbs) % p:
                 out.append(("BAD_PIPELINE", f"{where}: {len(mbs)} micro-batches; the "
                             f"interleaved schedule needs a multiple of {p}"))  # fmt: skip
@@ -146,6 +169,38 @@ def pipeline_violations(plan: Plan, batch: Batch, layout: StageLayout) -> list[t
             ):
                 continue  # reported by the structure and coverage checks
             out += _memory(layout, batch, g, where)
+    if pipe.micro_steps:
+        out += _micro_step_problems(plan, batch, layout, out)
+    return out
+
+
+def _micro_step_problems(plan: Plan, batch: Batch, layout: StageLayout, found) -> list:
+    """A micro-step plan: the schedules it runs under, then each unit's memory over the
+    schedule's walk (when every micro-batch is well formed)."""
+    pipe = layout.pipeline
+    if pipe.schedule not in ("1f1b", "gpipe") or pipe.virtual_stages != 1:
+        return [("BAD_PIPELINE", f"pipeline.micro_steps with schedule {pipe.schedule!r} and "
+                 f"virtual_stages {pipe.virtual_stages}; allowed: '1f1b' or 'gpipe' with "
+                 "virtual_stages 1")]  # fmt: skip
+    known = batch.by_id
+    n = layout.num_units
+    for phase in plan.phases:
+        for g in phase.groups:
+            mbs = g.micro_batches
+            if (found or any(not mb.sequence_ids for mb in mbs) or g.kind not in PIPELINE_KINDS
+                    or any(s not in known for mb in mbs for s in mb.sequence_ids)
+                    or g.start_rank < 0 or g.start_rank + g.degree > n):  # fmt: skip
+                return []  # reported by the structure, coverage and recompute checks
+    parts = micro_step_parts(layout, batch, plan)
+    peaks = unit_peaks(layout, parts) + stage_fixed_bytes(layout)[:, None]
+    out = []
+    for s in range(layout.num_stages):
+        for u in range(n):
+            cap = stage_capacity(layout, s, u, 1)
+            if peaks[s, u] > cap * (1 + 1e-9):
+                out.append(("OUT_OF_MEMORY", f"stage {s} unit {u}: its in-flight micro-steps "
+                            f"need {peaks[s, u] / 1e9:.2f} GB per rank at peak, capacity "
+                            f"{cap / 1e9:.2f} GB"))  # fmt: skip
     return out
 
 
@@ -172,4 +227,22 @@ def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str,
         if need > cap * (1 + 1e-9):
             out.append(("OUT_OF_MEMORY", f"{where} stage {s}: in-flight micro-batches need "
                         f"{need / 1e9:.2f} GB per rank at peak, capacity {cap / 1e9:.2f} GB"))  # fmt: skip
+    return out
+
+
+def micro_step_parts(layout, batch, plan) -> list:
+    """Per phase k (micro-step k), [(group, f (V,), b (V,), x (V - 1,), stored (V,), work
+    (V,))] of its groups that hold a micro-batch: stages.column_times and column_memory of
+    that micro-batch, the simulator's own prices."""
+    out = []
+    for phase in plan.phases:
+        parts = []
+        for g in phase.groups:
+            if not g.micro_batches:
+                continue
+            feats, tokens, rec = column_features(layout, batch, g)
+            f, b, x = column_times(layout, feats, g.degree, g.start_rank, g.kind, rec)
+            stored, work = column_memory(layout, tokens, g.degree, rec)
+            parts.append((g, f[:, 0], b[:, 0], x[:, 0], stored[:, 0], work[:, 0]))
+        out.append(parts)
     return out

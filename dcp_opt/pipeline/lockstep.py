@@ -4,14 +4,16 @@ of disjoint groups of a stage's units, the same on every stage; every unit of ev
 follows the schedule's order over the micro-steps (actions.stage_actions); a group's pass
 on stage s starts when all its units there are free and its own input has arrived
 (the previous virtual stage's pass of the same group and micro-step + its P2P, as
-makespan.py). A plan of schema 3 keeps a column's group across its micro-batches, so this
-shape is priced here, not by simulate(); with one group per micro-step spanning the same
-units it is makespan.column_makespan.
+makespan.py). simulate() prices a plan of micro-steps (Pipeline.micro_steps, schema 4)
+here, from check.micro_step_parts; Megatron's baseline prices its micro-steps here too.
+With one group per micro-step spanning the same units it is makespan.column_makespan.
 """
 
 from __future__ import annotations
 
-from .makespan import column_actions
+import numpy as np
+
+from .makespan import column_actions, stage_walk, walk_peak
 
 
 def lockstep_makespan(steps, *, schedule: str, num_stages: int, virtual: int = 1) -> float:
@@ -60,3 +62,36 @@ def _ready(kind, c, k, g, V, end, x) -> float:
     if c == V - 1:
         return end[("F", c, k, g)]
     return end[("B", c + 1, k, g)] + x[c]
+
+
+# ---- plans whose phases are micro-steps (Pipeline.micro_steps; docs/plan-format.md) -----
+def micro_step_finish(layout, parts) -> float:
+    """lockstep_makespan of check.micro_step_parts; 0 with no micro-batch at all."""
+    pipe = layout.pipeline
+    steps = [[(g.ranks, f, b, x) for g, f, b, x, _, _ in ps] for ps in parts]
+    if not any(steps):
+        return 0.0
+    V = layout.num_virtual
+    empty = (range(0), np.zeros(V), np.zeros(V), np.zeros(V - 1))
+    steps = [s or [empty] for s in steps]  # a micro-step where every unit idles
+    return lockstep_makespan(steps, schedule=pipe.schedule, num_stages=pipe.num_stages,
+                             virtual=pipe.virtual_stages)  # fmt: skip
+
+
+def unit_peaks(layout, parts) -> np.ndarray:
+    """(p, num_units) activation bytes at peak: unit u of stage s walks the schedule's
+    actions over the K micro-steps holding what its own micro-batches store (nothing where
+    it idles), as makespan.stage_peaks does for a column."""
+    pipe, p, n = layout.pipeline, layout.num_stages, layout.num_units
+    V, K = layout.num_virtual, len(parts)
+    stored, work = np.zeros((n, V, K)), np.zeros((n, V, K))
+    for k, ps in enumerate(parts):
+        for g, _, _, _, st, wk in ps:
+            stored[g.start_rank : g.start_rank + g.degree, :, k] = st
+            work[g.start_rank : g.start_rank + g.degree, :, k] = wk
+    out = np.zeros((p, n))
+    for s in range(p):
+        walk = stage_walk(pipe.schedule, p, K, pipe.virtual_stages, s)
+        for u in range(n):
+            out[s, u] = walk_peak(walk, stored[u], work[u])[0]
+    return out

@@ -134,8 +134,11 @@ def execute_pipeline_step(
         torch.zeros((), dtype=torch.float64, device=param.device), [],
     )  # fmt: skip
     started = time.perf_counter()
-    for p in range(len(plan.phases)):
-        _run_phase(run, p, step)
+    if plan.pipeline.micro_steps:
+        _run_micro_steps(run, step)
+    else:
+        for p in range(len(plan.phases)):
+            _run_phase(run, p, step)
     run.channel.finish()
     t_sync = time.perf_counter()
     total = _reduce(run)
@@ -159,10 +162,7 @@ def _run_phase(run: _Run, p: int, step: int) -> None:
     mbs = group.micro_batches
     if not mbs:
         return  # this column idles in this phase, on every stage alike
-    sp = SPGroup.single()
-    if group.degree > 1:
-        start = s * n + group.start_rank
-        sp = SPGroup(run.pool.get(start, group.degree), group.degree, run.rank - start)
+    sp = _sp_group(run, group)
     live: dict[int, _Record] = {}
     for action in stage_actions(plan.pipeline.schedule, plan.pipeline.num_stages, len(mbs), s):
         t0 = time.perf_counter()
@@ -181,9 +181,48 @@ def _run_phase(run: _Run, p: int, step: int) -> None:
     assert not live, f"stage {s}: micro-batches {sorted(live)} never ran backward"
 
 
-def _forward(run: _Run, group, sp: SPGroup, k: int, step: int) -> _Record:
+def _run_micro_steps(run: _Run, step: int) -> None:
+    """A plan whose phases are micro-steps (docs/plan-format.md, version 4): this unit walks
+    the schedule's actions over all K micro-steps, running its group of micro-step k where
+    it has one (every stage's copy of the unit idles in the same ones, so the neighbour it
+    sends to or receives from runs the same k), as lockstep.lockstep_makespan prices it."""
+    plan, s = run.plan, run.stage.stage
+    unit = run.rank - s * plan.num_ranks
+    K = len(plan.phases)
+    mine = [plan.group_of(unit, k) for k in range(K)]
+    live: dict[int, _Record] = {}
+    for action in stage_actions(plan.pipeline.schedule, plan.pipeline.num_stages, K, s):
+        k, group = action.micro_batch, mine[action.micro_batch]
+        if not group.micro_batches:
+            continue  # this unit idles in micro-step k, on every stage alike
+        t0 = time.perf_counter()
+        if action.kind == "F":
+            live[k] = _forward(run, group, _sp_group(run, group), 0, step, label=k)
+        else:
+            _backward(run, live.pop(k), k)
+        _sync()
+        run.times.append(
+            ActionTime(
+                k, group.start_rank, group.degree, s, str(action),
+                group.micro_batches[0].sequence_ids, time.perf_counter() - t0,
+            )
+        )  # fmt: skip
+    assert not live, f"stage {s}: micro-steps {sorted(live)} never ran backward"
+
+
+def _sp_group(run: _Run, group) -> SPGroup:
+    """This rank's SP group for `group` on its stage (a single rank's for degree 1)."""
+    if group.degree == 1:
+        return SPGroup.single()
+    start = run.stage.stage * run.plan.num_ranks + group.start_rank
+    return SPGroup(run.pool.get(start, group.degree), group.degree, run.rank - start)
+
+
+def _forward(run: _Run, group, sp: SPGroup, k: int, step: int, label: int | None = None) -> _Record:
+    """Micro-batch k of `group`; `label`: its number in messages (default k)."""
     plan, stage, state = run.plan, run.stage, run.state
     mb = group.micro_batches[k]
+    label = k if label is None else label
     state.sp, state.kind = sp, group.kind
     mine = mb.stage_recompute[stage.stage] if mb.stage_recompute else 0
     state.recompute_layers = stage.layer_offset + mine  # the stage's first `mine` layers
@@ -194,7 +233,7 @@ def _forward(run: _Run, group, sp: SPGroup, k: int, step: int) -> _Record:
         x = part["tokens"].to(run.channel.device)
     else:
         expect = (part["tokens"].shape[0], stage.hidden)
-        x = run.channel.recv(_peer(run, -1), expect=expect, what=_what(run, k, "F"))
+        x = run.channel.recv(_peer(run, -1), expect=expect, what=_what(run, label, "F"))
         x.requires_grad_()
     out = stage(x, part)
     if stage.last:

@@ -40,13 +40,16 @@ from dcp_opt.result import PlanResult
 from dcp_opt.simulate import simulate
 from dcp_opt.validate import InvalidPlanError, validate
 
+from . import steps
 from .compose import columns, consecutive, pack, split_by_degree
-from .instance import Column, Instance, make_pipeline
+from .instance import Instance, make_pipeline
 from .order import apply_order, best_named, local_search
 from .recompute import fit_recompute
+from .window import estimate, fewest, fits_alone, summary, token_caps, window_tokens
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
 SEARCH_SHARE, LOCAL_SHARE = 0.55, 0.7  # of time_limit_s: drafting stops, local search stops
+STEPS_SHARE = 0.1  # of time_limit_s: one micro-step draft's order search
 
 
 def draft(inst: Instance, d: int, m: int, max_tokens: float):
@@ -87,11 +90,6 @@ def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: fl
     return priced(inst, cols)
 
 
-def fewest(inst: Instance, ids, tokens: float) -> int:
-    """The fewest micro-batches of at most `tokens` tokens that hold `ids`' tokens."""
-    return max(1, int(-(-float(inst.tokens[ids].sum()) // tokens)))
-
-
 def priced(inst: Instance, cols: list):
     """(slowest makespan, [(makespan, column)]) with each column's best named order and
     its recompute fitted, or None if a column does not fit."""
@@ -119,70 +117,6 @@ def search(scored: list, deadline: float):
         if best is not None and time.process_time() > deadline:
             break
     return best
-
-
-def estimate(inst: Instance, d: int, ids, units: int, m: int, tokens: float,
-             part: tuple | None = None) -> float:  # fmt: skip
-    """The stage-uniform estimate g (sum(t) / p + (p - 1) max(t) / p) of the slowest column of
-    degree d over `units` holding `ids` in about m micro-batches each (t: a micro-batch's
-    additive seconds over all stages; LPT's slowest is about max(longest, mean), Graham),
-    g = 1 + the recompute the windows need over sum(t) (`recompute_estimate`); m = 0: the
-    fewest micro-batches of at most `tokens` tokens. part: `summary(inst, d, ids)`."""
-    p = inst.layout.num_stages
-    total, top, tok, full = summary(inst, d, ids) if part is None else part
-    c0 = inst.per_micro_batch(d)
-    ncol = units // d
-    k = max(min(ncol * m, len(ids)), -(-tok // tokens))
-    g = 1.0 + recompute_estimate(inst, d, tok, full, k, ncol) / max(total, 1e-30)
-    return g * ((total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p)
-
-
-def summary(inst: Instance, d: int, ids) -> tuple:
-    """(sum of additive seconds, the largest, tokens, (p,) every layer's recompute seconds
-    summed) of `ids` at degree d: what `estimate` reads."""
-    a = inst.additive(d)[ids]
-    full = inst.recompute_all(d)[ids].sum(axis=0)
-    return float(a.sum()), float(a.max()), float(inst.tokens[ids].sum()), full
-
-
-def recompute_estimate(inst: Instance, d: int, tok: float, full, k: float, ncol: int) -> float:
-    """Seconds of recompute summed over the stages that `tok` tokens in k micro-batches of
-    equal tokens on ncol columns of degree d need for stage s's window (p - s in flight
-    under 1F1B, the column's all under GPipe) to fit: the fraction of the layers that
-    closes the excess (recompute.fit_recompute's rule, uniform), times `full` (p,), every
-    layer's recompute."""
-    lay = inst.layout
-    p = lay.num_stages
-    per_col = k / ncol
-    w = np.full(p, per_col) if lay.pipeline.schedule == "gpipe" else np.minimum(
-        np.arange(p, 0, -1), per_col)  # fmt: skip
-    keep, save, work, room = window_terms(inst, d)
-    local = tok / k / d
-    need = local * (w * keep + work) - room
-    frac = np.clip(need / np.maximum(local * w * save, 1e-30), 0.0, 1.0)
-    return float((frac * full).sum())
-
-
-def window_terms(inst: Instance, d: int) -> tuple:
-    """(p,) per stage: bytes a local token keeps with nothing recomputed, bytes recomputing
-    everything saves, the working set's bytes per local token, the room."""
-
-    def make():
-        co, lay = inst.layout.cost.coeffs, inst.layout
-        n = np.array(lay.pipeline.stage_layers, dtype=float)
-        act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
-        work = np.full(lay.num_stages, act)
-        work[-1] += co.head_bytes_per_token
-        return n * act, n * max(act - ckpt, 1e-30), work, stage_room(inst, d)
-
-    return inst.memo(("window", d), make)
-
-
-def stage_room(inst: Instance, d: int) -> np.ndarray:
-    """(p,) a unit's bytes left on each stage for activations (a column of degree d at
-    unit 0)."""
-    return inst.memo(("room", d), lambda: Column(d, 0, [[0]], np.zeros(
-        (1, inst.layout.num_stages), dtype=int)).memory(inst)[2])  # fmt: skip
 
 
 def candidates(inst: Instance, degrees, cap: float) -> list:
@@ -231,40 +165,6 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
     return out
 
 
-def window_tokens(inst: Instance, d: int, keep: bool = False) -> float:
-    """Tokens per micro-batch with which p - s in-flight micro-batches, every layer
-    recomputed (keep: none), fit stage s (the 1F1B window; a first guess, fit_recompute
-    decides). A longer sequence gets a micro-batch of its own (compose.pack)."""
-    lay = inst.layout
-    co, p = lay.cost.coeffs, lay.num_stages
-    room = stage_room(inst, d)
-    stored = co.act_bytes_per_token_layer if keep else co.ckpt_bytes_per_token_layer
-    out = float("inf")
-    for s, n in enumerate(lay.pipeline.stage_layers):
-        per_token = (p - s) * n * stored + co.act_bytes_per_token_layer
-        per_token += co.head_bytes_per_token if s == p - 1 else 0.0
-        out = min(out, room[s] * d / per_token)
-    return out
-
-
-def token_caps(inst: Instance, d: int, cap: float) -> list[float]:
-    """The micro-batch token caps tried at degree d: the window with every layer recomputed,
-    with none, and their geometric mean, each at most `cap`."""
-    lo, hi = window_tokens(inst, d, keep=True), window_tokens(inst, d)
-    return sorted({min(cap, x) for x in (lo, (lo * hi) ** 0.5, hi)})
-
-
-def fits_alone(inst: Instance, d: int) -> bool:
-    """Whether the longest sequence alone, every layer recomputed, fits every stage."""
-    lay = inst.layout
-    k = int(inst.tokens.argmax())
-    col = Column(d, 0, [[k]], np.array([lay.pipeline.stage_layers]))
-    stored, work, room = col.memory(inst)
-    per_stage = [(stored[s::lay.num_stages] + work[s::lay.num_stages]).sum() for s in
-                 range(lay.num_stages)]  # fmt: skip
-    return all(x <= r for x, r in zip(per_stage, room, strict=True))
-
-
 def improve(inst: Instance, cols: list, deadline: float) -> list:
     """Local search on the slowest columns first; keep a reorder only if it still fits."""
     cols = sorted(cols, key=lambda vc: -vc[0])
@@ -292,18 +192,24 @@ def to_groups(inst: Instance, cols: list) -> list[Group]:
 def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
                    virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
-                   seed: int = 0) -> PlanResult:  # fmt: skip
+                   seed: int = 0, micro_steps: bool = True) -> PlanResult:  # fmt: skip
     started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
     splits = stage_splits(cost, pp, virtual_stages)
     scored = []  # every split's candidates, ranked together by their estimates
+    search_end = cpu + SEARCH_SHARE * time_limit_s
+    steps_end = lambda: min(search_end, time.process_time() + STEPS_SHARE * time_limit_s)  # noqa: E731
     for layers in splits:
         lay = stage_layout(cost, Pipeline(layers, schedule, virtual_stages))
         here = Instance(lay, batch)
         cap = float(max_tokens or max(131072, int(here.tokens.max())))
         degrees = stage_cluster(lay).allowed_degrees
         scored += [(est, here, make) for est, make in candidates(here, degrees, cap)]
-    best = search(scored, cpu + SEARCH_SHARE * time_limit_s)
+        if micro_steps and virtual_stages == 1 and schedule in ("1f1b", "gpipe"):
+            ms = Instance(stage_layout(cost, Pipeline(layers, schedule, 1, True)), batch)
+            scored += [(est, ms, make) for est, make in
+                       steps.candidates(ms, degrees, cap, steps_end)]  # fmt: skip
+    best = search(scored, search_end)
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "
@@ -311,8 +217,10 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
             f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
     _, cols, inst = best
-    cols = improve(inst, cols, cpu + LOCAL_SHARE * time_limit_s)  # the rest: the tail
     del seed  # deterministic: every choice above is ordered
+    if inst.layout.pipeline.micro_steps:
+        return finish_micro_steps(inst, cols, planner="pp_greedy", started=started)
+    cols = improve(inst, cols, cpu + LOCAL_SHARE * time_limit_s)  # the rest: the tail
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
 
 
@@ -354,6 +262,25 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
                  single_phase_bound_s=one, single_phase_gap=sim.step_time_s / one - 1.0)  # fmt: skip
     return PlanResult(status, plan, sim.step_time_s, bound, time.perf_counter() - started,
                       planner, "", stats)  # fmt: skip
+
+
+def finish_micro_steps(inst: Instance, drafted: list, *, planner: str,
+                       started: float) -> PlanResult:  # fmt: skip
+    """A micro-step draft (steps.py) built, validated independently, simulated (the exact
+    lockstep finish) and bounded. The single-phase and order bounds are the columns'; a
+    micro-step plan has the batch bound only."""
+    from dataclasses import replace
+
+    lay, batch = inst.layout, inst.batch
+    plan = pipeline_plan(steps.to_phases(inst, drafted), batch, lay, planner=planner)
+    bad = validate(plan, batch, lay.cost)
+    if bad:
+        raise InvalidPlanError(bad)
+    sim = simulate(plan, batch, lay.cost)
+    plan = replace(plan, predicted_step_time_s=sim.step_time_s)
+    stats = {"micro_steps": len(drafted), "degrees": sorted({d for d, _ in drafted})}
+    return PlanResult("feasible", plan, sim.step_time_s, bound_s(inst),
+                      time.perf_counter() - started, planner, "", stats)  # fmt: skip
 
 
 def bound_s(inst: Instance) -> float:

@@ -1,0 +1,187 @@
+"""Micro-step drafts: plans whose phases are the pipeline's micro-steps (Pipeline.micro_steps,
+docs/plan-format.md, schema 4). Megatron dev's dynamic CP runs this shape (groups re-formed
+every micro-step); here with the project's composition, recompute and order.
+
+Composition, two layouts. The sequences longer than the low degree lo's window
+(window.window_tokens) go to micro-steps of n / hi groups of degree hi (hi > lo; the longest
+sequence fits alone at hi), the rest to micro-steps of n / lo groups of degree lo: each
+sequence at the lower, cheaper degree where memory lets it. Each part is packed (compose.pack,
+LPT by seconds) into K (n / d) micro-batches of at most the part's token cap (pack opens more
+when a sequence fits none), then the micro-batches, sorted by seconds, are cut into
+micro-steps of n / d consecutive ones: a micro-step lasts as long as its slowest group, and
+the sum over micro-steps of their slowest is least when similar loads share one. lo = hi is
+one layout (a column plan of equal counts).
+
+Recompute, per micro-batch and stage, whatever the order: a unit of stage s holds at most
+w = p - s micro-batches in flight under 1F1B (all K under GPipe) plus the running pass's
+working set, so each micro-batch kept within the share (room_s - the largest working set on
+s) / w fits every unit in every order; r is the fewest of the stage's layers with which its
+stored bytes per unit are within the share (stages.column_memory's bytes).
+
+Order: the micro-steps' named orders (order.candidate_orders), then local search, each priced
+as one column whose micro-batch times are each micro-step's slowest group. That is an upper
+bound of the lockstep finish: with every group of a micro-step as slow as its slowest, every
+unit runs in step, and lengthening a pass never shortens a schedule of fixed orders. The
+plan's step time is simulate()'s exact lockstep finish.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from dcp_opt.pipeline.makespan import batch_makespans
+from dcp_opt.pipeline.stages import column_times
+from dcp_opt.plan import Group, MicroBatch
+
+from .compose import pack
+from .instance import Instance
+from .order import candidate_orders, local_search
+from .window import estimate, fits_alone, stage_room, summary, token_caps, window_tokens
+
+
+def split_ids(inst: Instance, lo_tokens: float) -> tuple[np.ndarray, np.ndarray]:
+    """(ids over lo_tokens tokens: the high layout's, the rest: the low layout's)."""
+    long = inst.tokens > lo_tokens
+    return np.flatnonzero(long), np.flatnonzero(~long)
+
+
+def compose(inst: Instance, d: int, ids, tokens: float, k: int) -> list[list[list[int]]]:
+    """Micro-steps of n / d groups of degree d holding `ids`: LPT into k (n / d) micro-batches
+    of at most `tokens` tokens, sorted by seconds, cut into runs of n / d."""
+    n = inst.layout.num_units
+    per = n // d
+    mbs = pack(inst, d, min(k * per, len(ids)), tokens, ids)
+    a = inst.additive(d)
+    mbs.sort(key=lambda mb: -float(a[mb].sum()))
+    return [mbs[i : i + per] for i in range(0, len(mbs), per)]
+
+
+def share_recompute(inst: Instance, d: int, tokens: np.ndarray, work_max: np.ndarray,
+                    in_flight: np.ndarray):  # fmt: skip
+    """(m, p) the fewest layers each micro-batch of `tokens` tokens at degree d recomputes on
+    each stage to stay within its share (room_s - work_max_s) / in_flight_s; None if a
+    micro-batch cannot even with every layer recomputed."""
+    co = inst.layout.cost.coeffs
+    L = np.array(inst.layout.pipeline.stage_layers, dtype=float)
+    act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+    share = (stage_room(inst, 1) - work_max) / in_flight  # (p,) per unit
+    local = np.asarray(tokens, dtype=float)[:, None] / d  # (m, 1)
+    over = local * L * act - share  # bytes over the share with nothing recomputed
+    save = local * max(act - ckpt, 1e-30)
+    r = np.maximum(np.ceil(over / save - 1e-9), 0.0)
+    if (r > L).any():
+        return None
+    return r.astype(int)
+
+
+def working_set(inst: Instance, d: int, tokens: np.ndarray) -> np.ndarray:
+    """(p,) the largest working set per unit on each stage of micro-batches of `tokens`
+    tokens at degree d (stages.column_memory: a pass's activations, the head's on the last)."""
+    co = inst.layout.cost.coeffs
+    p = inst.layout.num_stages
+    per_token = np.full(p, co.act_bytes_per_token_layer)
+    per_token[-1] += co.head_bytes_per_token
+    return float(np.max(tokens, initial=0.0)) / d * per_token
+
+
+def draft(inst: Instance, parts: tuple, deadline: float):
+    """parts: ((d, ids, token cap, k), ...) each composed into micro-steps; then recompute
+    and order (the module docstring). (upper bound of the finish, [(d, [(mb, rec)])] in
+    order) or None when a micro-batch cannot fit its share."""
+    steps = [(d, st) for d, ids, tokens, k in parts if len(ids)
+             for st in compose(inst, d, ids, tokens, k)]  # fmt: skip
+    if not steps:
+        return None
+    lay = inst.layout
+    p, K = lay.num_stages, len(steps)
+    in_flight = np.full(p, float(K)) if lay.pipeline.schedule == "gpipe" else \
+        np.minimum(np.arange(p, 0, -1), K).astype(float)  # fmt: skip
+    work_max = np.zeros(p)
+    for d, st in steps:
+        tok = np.array([inst.tokens[mb].sum() for mb in st])
+        work_max = np.maximum(work_max, working_set(inst, d, tok))
+    V = lay.num_virtual
+    F, B, X = np.zeros((V, K)), np.zeros((V, K)), np.zeros((V - 1, K))
+    out = []
+    for k, (d, st) in enumerate(steps):
+        tok = np.array([inst.tokens[mb].sum() for mb in st])
+        rec = share_recompute(inst, d, tok, work_max, in_flight)
+        if rec is None:
+            return None
+        feats = np.array([inst.feats[mb].sum(axis=0) for mb in st])
+        f, b, x = column_times(lay, feats, d, 0, "ulysses", rec)  # aligned groups price alike
+        F[:, k], B[:, k], X[:, k] = f.max(axis=1), b.max(axis=1), x.max(axis=1)
+        out.append((d, list(zip(st, rec, strict=True))))
+    order, value = best_order(inst, (F, B, X), deadline)
+    return value, [out[k] for k in order]
+
+
+def best_order(inst: Instance, times, deadline: float) -> tuple[list[int], float]:
+    """The best named order of the micro-steps, then local search until the deadline."""
+    pipe = inst.layout.pipeline
+    kw = {"schedule": pipe.schedule, "num_stages": pipe.num_stages, "virtual": 1}
+    orders = candidate_orders(times)
+    v = batch_makespans(*times, orders, **kw)
+    k = int(v.argmin())
+    return local_search(None, inst, times, orders[k], float(v[k]), deadline)
+
+
+def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
+    """(estimate, thunk) of each micro-step draft: each single degree d whose longest
+    sequence fits alone, at each token cap of window.token_caps; and each pair lo < hi (hi / 8
+    <= lo), the sequences over lo's token cap on hi, at each pair of caps; every part with the
+    fewest micro-steps its cap allows. deadline_of(): the order search's deadline when the
+    draft runs."""
+    n = inst.layout.num_units
+    fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
+    everything = np.arange(len(inst.tokens))
+    out = []
+    for hi in fit:
+        whole = summary(inst, hi, everything)
+        for t in token_caps(inst, hi, cap):
+            out.append(_candidate(inst, ((hi, everything, t),), {hi: whole}, deadline_of))
+        for lo in [d for d in degrees if n % d == 0 and hi // 8 <= d < hi]:
+            for t_lo in token_caps(inst, lo, min(cap, window_tokens(inst, lo))):
+                ids_hi, ids_lo = split_ids(inst, t_lo)
+                if not len(ids_hi) or not len(ids_lo):
+                    continue
+                sums = {hi: summary(inst, hi, ids_hi), lo: summary(inst, lo, ids_lo)}
+                for t_hi in token_caps(inst, hi, cap):
+                    parts = ((hi, ids_hi, t_hi), (lo, ids_lo, t_lo))
+                    out.append(_candidate(inst, parts, sums, deadline_of))
+    return out
+
+
+def _candidate(inst: Instance, parts, sums, deadline_of):
+    """(estimate, thunk) of parts ((d, ids, token cap), ...), each at its fewest
+    micro-steps: the parts' column estimates (window.estimate) less the fills and drains
+    counted twice."""
+    n = inst.layout.num_units
+    full = tuple((d, ids, t, max(1, math.ceil(float(inst.tokens[ids].sum()) / t / (n // d))))
+                 for d, ids, t in parts)  # fmt: skip
+    est = sum(estimate(inst, d, ids, n, k, t, sums[d]) for d, ids, t, k in full)
+    est -= (len(full) - 1) * bubble_share(inst, full, sums)
+    return est, functools.partial(_run, inst, full, deadline_of)
+
+
+def bubble_share(inst: Instance, parts, sums) -> float:
+    """What summing two parts' estimates counts twice: the smaller part's fill and drain
+    ((p - 1) / p of its longest micro-batch; one pipeline fills once)."""
+    p = inst.layout.num_stages
+    tops = [sums[d][1] + inst.per_micro_batch(d) for d, _, _, _ in parts]
+    return (p - 1) * min(tops) / p
+
+
+def _run(inst: Instance, parts, deadline_of):
+    return draft(inst, parts, deadline_of())
+
+
+def to_phases(inst: Instance, steps) -> list[list[Group]]:
+    """A draft's micro-steps as phases of Groups on one stage's units (aligned from unit 0)."""
+    ids = inst.ids
+    return [[Group(j * d, d, (MicroBatch(tuple(ids[i] for i in mb), int(r.sum()),
+                                         tuple(int(x) for x in r)),))
+             for j, (mb, r) in enumerate(st)] for d, st in steps]  # fmt: skip

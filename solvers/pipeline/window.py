@@ -1,0 +1,112 @@
+"""What the pipeline planners read before drafting: a stage's room for activations, the
+1F1B windows' token caps, whether the longest sequence fits alone, and the stage-uniform
+estimate of a draft (with the recompute its windows need) that ranks the drafts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .instance import Column, Instance
+
+
+def fewest(inst: Instance, ids, tokens: float) -> int:
+    """The fewest micro-batches of at most `tokens` tokens that hold `ids`' tokens."""
+    return max(1, int(-(-float(inst.tokens[ids].sum()) // tokens)))
+
+
+def estimate(inst: Instance, d: int, ids, units: int, m: int, tokens: float,
+             part: tuple | None = None) -> float:  # fmt: skip
+    """The stage-uniform estimate g (sum(t) / p + (p - 1) max(t) / p) of the slowest column of
+    degree d over `units` holding `ids` in about m micro-batches each (t: a micro-batch's
+    additive seconds over all stages; LPT's slowest is about max(longest, mean), Graham),
+    g = 1 + the recompute the windows need over sum(t) (`recompute_estimate`); m = 0: the
+    fewest micro-batches of at most `tokens` tokens. part: `summary(inst, d, ids)`."""
+    p = inst.layout.num_stages
+    total, top, tok, full = summary(inst, d, ids) if part is None else part
+    c0 = inst.per_micro_batch(d)
+    ncol = units // d
+    k = max(min(ncol * m, len(ids)), -(-tok // tokens))
+    g = 1.0 + recompute_estimate(inst, d, tok, full, k, ncol) / max(total, 1e-30)
+    return g * ((total + k * c0) / ncol / p + (p - 1) * (max(top, total / k) + c0) / p)
+
+
+def summary(inst: Instance, d: int, ids) -> tuple:
+    """(sum of additive seconds, the largest, tokens, (p,) every layer's recompute seconds
+    summed) of `ids` at degree d: what `estimate` reads."""
+    a = inst.additive(d)[ids]
+    full = inst.recompute_all(d)[ids].sum(axis=0)
+    return float(a.sum()), float(a.max()), float(inst.tokens[ids].sum()), full
+
+
+def recompute_estimate(inst: Instance, d: int, tok: float, full, k: float, ncol: int) -> float:
+    """Seconds of recompute summed over the stages that `tok` tokens in k micro-batches of
+    equal tokens on ncol columns of degree d need for stage s's window (p - s in flight
+    under 1F1B, the column's all under GPipe) to fit: the fraction of the layers that
+    closes the excess (recompute.fit_recompute's rule, uniform), times `full` (p,), every
+    layer's recompute."""
+    lay = inst.layout
+    p = lay.num_stages
+    per_col = k / ncol
+    w = np.full(p, per_col) if lay.pipeline.schedule == "gpipe" else np.minimum(
+        np.arange(p, 0, -1), per_col)  # fmt: skip
+    keep, save, work, room = window_terms(inst, d)
+    local = tok / k / d
+    need = local * (w * keep + work) - room
+    frac = np.clip(need / np.maximum(local * w * save, 1e-30), 0.0, 1.0)
+    return float((frac * full).sum())
+
+
+def window_terms(inst: Instance, d: int) -> tuple:
+    """(p,) per stage: bytes a local token keeps with nothing recomputed, bytes recomputing
+    everything saves, the working set's bytes per local token, the room."""
+
+    def make():
+        co, lay = inst.layout.cost.coeffs, inst.layout
+        n = np.array(lay.pipeline.stage_layers, dtype=float)
+        act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
+        work = np.full(lay.num_stages, act)
+        work[-1] += co.head_bytes_per_token
+        return n * act, n * max(act - ckpt, 1e-30), work, stage_room(inst, d)
+
+    return inst.memo(("window", d), make)
+
+
+def stage_room(inst: Instance, d: int) -> np.ndarray:
+    """(p,) a unit's bytes left on each stage for activations (a column of degree d at
+    unit 0)."""
+    return inst.memo(("room", d), lambda: Column(d, 0, [[0]], np.zeros(
+        (1, inst.layout.num_stages), dtype=int)).memory(inst)[2])  # fmt: skip
+
+
+def window_tokens(inst: Instance, d: int, keep: bool = False) -> float:
+    """Tokens per micro-batch with which p - s in-flight micro-batches, every layer
+    recomputed (keep: none), fit stage s (the 1F1B window; a first guess, fit_recompute
+    decides). A longer sequence gets a micro-batch of its own (compose.pack)."""
+    lay = inst.layout
+    co, p = lay.cost.coeffs, lay.num_stages
+    room = stage_room(inst, d)
+    stored = co.act_bytes_per_token_layer if keep else co.ckpt_bytes_per_token_layer
+    out = float("inf")
+    for s, n in enumerate(lay.pipeline.stage_layers):
+        per_token = (p - s) * n * stored + co.act_bytes_per_token_layer
+        per_token += co.head_bytes_per_token if s == p - 1 else 0.0
+        out = min(out, room[s] * d / per_token)
+    return out
+
+
+def token_caps(inst: Instance, d: int, cap: float) -> list[float]:
+    """The micro-batch token caps tried at degree d: the window with every layer recomputed,
+    with none, and their geometric mean, each at most `cap`."""
+    lo, hi = window_tokens(inst, d, keep=True), window_tokens(inst, d)
+    return sorted({min(cap, x) for x in (lo, (lo * hi) ** 0.5, hi)})
+
+
+def fits_alone(inst: Instance, d: int) -> bool:
+    """Whether the longest sequence alone, every layer recomputed, fits every stage."""
+    lay = inst.layout
+    k = int(inst.tokens.argmax())
+    col = Column(d, 0, [[k]], np.array([lay.pipeline.stage_layers]))
+    stored, work, room = col.memory(inst)
+    per_stage = [(stored[s::lay.num_stages] + work[s::lay.num_stages]).sum() for s in
+                 range(lay.num_stages)]  # fmt: skip
+    return all(x <= r for x, r in zip(per_stage, room, strict=True))
