@@ -214,3 +214,16 @@ def test_pp_greedy_plans_micro_steps_where_they_win_and_columns_when_told():
     c = run_planner("pp_greedy", batch, cost, pp=8, time_limit_s=0.5, micro_steps=False)
     assert not c.plan.pipeline.micro_steps
     assert r.predicted_step_time_s < c.predicted_step_time_s
+
+
+def test_cli_pp_form_columns_writes_schema_3_and_best_may_write_4(tmp_path):
+    from dcp_opt.cli import main
+
+    common = ["--workload", "1d-wlbllm", "--cluster", "h200x256", "--model", "llama3-70b",
+              "--tokens-per-gpu", "16384", "--pp", "8"]  # fmt: skip
+    for form, version in (("columns", 3), ("best", 4)):
+        out = tmp_path / f"{form}.json"
+        assert main(["plan", *common, "--pp-form", form, "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["schema_version"] == version
+        assert main(["simulate", str(out), *common[:-2]]) == 0

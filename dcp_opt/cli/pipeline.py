@@ -2,8 +2,9 @@
 
 With --pp the plan is for P pipeline stages (dcp_opt/pipeline/): the planner named by
 --planner is its pipeline form (greedy -> pp_greedy, cpsat -> pp_cpsat; a pp_ name as is),
-and the plan is written as schema 3 with its `pipeline`. `dcp-opt simulate` reads it as any
-other plan. --tp, where the cost model prices tensor parallelism, is passed on as the plan's
+and the plan is written as schema 3 with its `pipeline` (schema 4 when the planner picks
+micro-steps whose groups change, docs/plan-format.md; --pp-form columns keeps to columns).
+`dcp-opt simulate` reads it as any other plan. --tp, where the cost model prices tensor parallelism, is passed on as the plan's
 `tensor_parallel` (the rank map of docs/plan-format.md)."""
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ def add_pp_arguments(p: argparse.ArgumentParser) -> None:
                    help="the stages' order (default 1f1b)")  # fmt: skip
     p.add_argument("--virtual-stages", type=int, default=1, metavar="V",
                    help="model chunks per stage (interleaved only; default 1)")  # fmt: skip
+    p.add_argument("--pp-form", default="best", choices=["best", "columns"],
+                   help="best: columns or micro-steps whose groups change, the faster "
+                        "(schema 4); columns: groups fixed for the step (schema 3)")  # fmt: skip
 
 
 def pipeline_planner(args: argparse.Namespace) -> tuple[str, dict]:
@@ -37,6 +41,8 @@ def pipeline_planner(args: argparse.Namespace) -> tuple[str, dict]:
             f"{sorted(PIPELINE_PLANNERS) + sorted(PIPELINE_PLANNERS.values())}"
         )
     opts = {"pp": args.pp, "schedule": args.pp_schedule, "virtual_stages": args.virtual_stages}
+    if name in PIPELINE_PLANNERS.values():  # the baselines plan columns only
+        opts["micro_steps"] = args.pp_form == "best"
     tp = getattr(args, "tp", None)
     if tp:
         opts["tensor_parallel"] = tp

@@ -200,8 +200,9 @@ def batch_lower_bound(layout: StageLayout, batch, degrees) -> float:
     return batch_bound_parts(layout, batch, degrees)["bound_s"]
 
 
-def batch_bound_parts(layout: StageLayout, batch, degrees) -> dict:
-    """The batch bound and its terms: per stage head, work / n and tail; the chain."""
+def batch_bound_parts(layout: StageLayout, batch, degrees, *, windows: bool = True) -> dict:
+    """The batch bound and its terms: per stage head, work / n and tail; the chain; with
+    `windows`, (5) and (6) and the single-phase bound they make."""
     degrees = [d for d in degrees if d <= layout.num_units]
     p, n = layout.num_stages, layout.num_units
     f, b, x, ok = sequence_stage_times(layout, batch, degrees)  # (D, V, S), (D, V-1, S)
@@ -218,7 +219,7 @@ def batch_bound_parts(layout: StageLayout, batch, degrees) -> dict:
     fill = head + gpu_s / n + tail
     chain = ((f + b).sum(axis=1) + 2 * x.sum(axis=1) + big[:, 0]).min(axis=0).max()
     win = np.zeros(p)
-    if p == V:  # (5), (6): per stage, the least recompute and constants that fit the windows
+    if p == V and windows:  # (5), (6): the least recompute and constants the windows need
         win = window_bounds(layout, batch, degrees, ok, head + tail, gpu_s)
         win = np.maximum(win, window_dual(layout, batch, degrees, a, head + tail))
     return {"bound_s": max(float(fill.max()), float(chain)), "head_s": head,
@@ -330,13 +331,10 @@ def window_dual(layout: StageLayout, batch, degrees, a, ends) -> np.ndarray:
             pi = np.where(save > 0, rho[:, s, :] / np.where(save > 0, save, 1.0), np.inf)
         base = tokens * L[s] * ckpt  # (S,)
         grid = _lambda_grid(pi, box, work, base, cap)
-        best = 0.0
-        for lam_max in grid:
-            lam = np.minimum(lam_max, box)[:, None]  # (D, 1)
-            cost_i = work + lam * base[None, :] + np.minimum(lam, pi) * cap
-            g = float(cost_i.min(axis=0).sum()) - n * room[s] * keep * float(lam.max())
-            best = max(best, g)
-        out[s] = ends[s] + best / n
+        lam = np.minimum(grid[:, None], box[None, :])[:, :, None]  # (G, D, 1)
+        cost_i = work[None] + lam * base[None, None, :] + np.minimum(lam, pi[None]) * cap[None]
+        g = cost_i.min(axis=1).sum(axis=1) - n * room[s] * keep * lam[:, :, 0].max(axis=1)
+        out[s] = ends[s] + max(0.0, float(g.max())) / n
     return out
 
 
@@ -347,5 +345,5 @@ def _lambda_grid(pi, box, work, base, cap) -> np.ndarray:
     if finite.size == 0:
         return np.array([0.0])
     lo, hi = float(finite.min()), float(finite.max())
-    geo = np.geomspace(lo / 4, hi * 4, 48)
+    geo = np.geomspace(lo / 4, hi * 4, 32)
     return np.unique(np.concatenate([[0.0], box[np.isfinite(box)], geo]))

@@ -233,16 +233,23 @@ def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str,
 def micro_step_parts(layout, batch, plan) -> list:
     """Per phase k (micro-step k), [(group, f (V,), b (V,), x (V - 1,), stored (V,), work
     (V,))] of its groups that hold a micro-batch: stages.column_times and column_memory of
-    that micro-batch, the simulator's own prices."""
-    out = []
-    for phase in plan.phases:
-        parts = []
-        for g in phase.groups:
-            if not g.micro_batches:
-                continue
-            feats, tokens, rec = column_features(layout, batch, g)
-            f, b, x = column_times(layout, feats, g.degree, g.start_rank, g.kind, rec)
-            stored, work = column_memory(layout, tokens, g.degree, rec)
-            parts.append((g, f[:, 0], b[:, 0], x[:, 0], stored[:, 0], work[:, 0]))
-        out.append(parts)
-    return out
+    that micro-batch, the simulator's own prices (one call per group placement)."""
+    cost = layout.cost
+    feats, row = cost.batch_features(batch), cost.batch_rows(batch)
+    where: dict = {}  # (start, degree, kind) -> [(k, j, group)]
+    for k, phase in enumerate(plan.phases):
+        for j, g in enumerate(phase.groups):
+            if g.micro_batches:
+                where.setdefault((g.start_rank, g.degree, g.kind), []).append((k, j, g))
+    found = {}
+    for (start, degree, kind), items in where.items():
+        mbs = [g.micro_batches[0] for _, _, g in items]
+        fs = np.array([feats[[row[i] for i in mb.sequence_ids]].sum(axis=0) for mb in mbs])
+        fs = fs.reshape(-1, cost.num_features)
+        rec = np.array([_stage_rec(mb, layout) for mb in mbs], dtype=int)
+        f, b, x = column_times(layout, fs, degree, start, kind, rec)
+        stored, work = column_memory(layout, fs[:, -2], degree, rec)
+        for i, (k, j, g) in enumerate(items):
+            found[(k, j)] = (g, f[:, i], b[:, i], x[:, i], stored[:, i], work[:, i])
+    return [[found[(k, j)] for j, g in enumerate(ph.groups) if g.micro_batches]
+            for k, ph in enumerate(plan.phases)]  # fmt: skip

@@ -27,10 +27,11 @@ from dcp_opt.errors import DcpOptError
 from dcp_opt.pipeline.check import stage_sync_s
 from dcp_opt.pipeline.makespan import column_actions
 
-from .instance import columns_of_plan
+from .instance import Instance, columns_of_plan
 from .order import apply_order
-from .plan import finish_pipeline, plan_pp_greedy
+from .plan import finish_micro_step_plan, finish_pipeline, plan_pp_greedy
 from .recompute import fit_recompute
+from .steps import slowest_groups
 
 
 def solve_order(f, b, x, *, schedule: str, num_stages: int, virtual: int = 1, hint=None,
@@ -107,12 +108,17 @@ def solve_order(f, b, x, *, schedule: str, num_stages: int, virtual: int = 1, hi
 def plan_pp_cpsat(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
                   virtual_stages: int = 1, tensor_parallel: int | None = None,
                   max_tokens: int | None = None, time_limit_s: float = 10.0,
-                  num_workers: int = 1, seed: int = 0):  # fmt: skip
+                  num_workers: int = 1, seed: int = 0, micro_steps: bool = True):  # fmt: skip
     """greedy's plan, then each column's order by CP-SAT (slowest column first, the time
-    budget shared); a column keeps CP-SAT's order only if it is faster and still fits."""
+    budget shared); a column keeps CP-SAT's order only if it is faster and still fits. A
+    micro-step plan gets its micro-steps' order (`order_micro_steps`)."""
     started = time.perf_counter()
     g = plan_pp_greedy(batch, cost, pp=pp, schedule=schedule, virtual_stages=virtual_stages,
-                       tensor_parallel=tensor_parallel, max_tokens=max_tokens)  # fmt: skip
+                       tensor_parallel=tensor_parallel, max_tokens=max_tokens,
+                       micro_steps=micro_steps)  # fmt: skip
+    if g.plan.pipeline.micro_steps:
+        return order_micro_steps(g, batch, cost, started + time_limit_s, started=started,
+                                 num_workers=num_workers, seed=seed)  # fmt: skip
     inst, drafts = columns_of_plan(g.plan, batch, cost)
     cols = sorted(((c.makespan(inst), c) for c in drafts), key=lambda vc: -vc[0])
     pipe, deadline, stats, floors = inst.layout.pipeline, started + time_limit_s, [], []
@@ -142,3 +148,36 @@ def plan_pp_cpsat(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str =
         lb = max(res.stats["order_bound_s"], max(floors) + stage_sync_s(inst.layout))
         res.stats.update(order_bound_s=lb, order_gap=res.predicted_step_time_s / lb - 1.0)
     return res
+
+
+def order_micro_steps(g, batch: Batch, cost: CostModel, deadline: float, *, started: float,
+                      num_workers: int = 1, seed: int = 0):  # fmt: skip
+    """CP-SAT on the order of a micro-step plan's micro-steps, each priced as its slowest
+    group (steps.py: an upper bound of the lockstep finish in any order; its recompute fits
+    in any order); kept if simulate's exact finish improves."""
+    from dataclasses import replace
+
+    from dcp_opt.pipeline.check import micro_step_parts
+    from dcp_opt.pipeline.stages import stage_layout
+
+    plan = g.plan
+    inst = Instance(stage_layout(cost, plan.pipeline, plan.tensor_parallel), batch)
+    parts = micro_step_parts(inst.layout, batch, plan)
+    F, B, X = slowest_groups(parts, inst.layout.num_virtual)
+    pipe = plan.pipeline
+    left = deadline - time.perf_counter()
+    if left <= 0.05:
+        raise DcpOptError("pp_cpsat: time_limit_s left no time for CP-SAT after greedy")
+    got = solve_order(F.tolist(), B.tolist(), X.tolist(), schedule=pipe.schedule,
+                      num_stages=pipe.num_stages, hint=list(range(len(parts))),
+                      time_limit_s=left, num_workers=num_workers, seed=seed)  # fmt: skip
+    best = finish_micro_step_plan(inst, replace(plan, planner="pp_cpsat"), started=started,
+                                  stats={"step_order_status": got["status"]})  # fmt: skip
+    if got["order"] is not None:
+        moved = replace(plan, planner="pp_cpsat",
+                        phases=tuple(plan.phases[k] for k in got["order"]))  # fmt: skip
+        cand = finish_micro_step_plan(inst, moved, started=started,
+                                      stats={"step_order_status": got["status"]})  # fmt: skip
+        if cand.predicted_step_time_s < best.predicted_step_time_s:
+            best = cand
+    return best

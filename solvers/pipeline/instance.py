@@ -70,6 +70,10 @@ class Instance:
             self._memo[key] = make()
         return self._memo[key]
 
+    def known(self, key) -> bool:
+        """Whether `memo` holds `key` already."""
+        return key in self._memo
+
     @property
     def tokens(self) -> np.ndarray:
         if "tokens" not in self._memo:

@@ -267,26 +267,34 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
 def finish_micro_steps(inst: Instance, drafted: list, *, planner: str,
                        started: float) -> PlanResult:  # fmt: skip
     """A micro-step draft (steps.py) built, validated independently, simulated (the exact
-    lockstep finish) and bounded. The single-phase and order bounds are the columns'; a
-    micro-step plan has the batch bound only."""
+    lockstep finish) and bounded: `finish_micro_step_plan`."""
+    lay, batch = inst.layout, inst.batch
+    plan = pipeline_plan(steps.to_phases(inst, drafted), batch, lay, planner=planner)
+    return finish_micro_step_plan(inst, plan, started=started)
+
+
+def finish_micro_step_plan(inst: Instance, plan, *, started: float,
+                           stats: dict | None = None) -> PlanResult:  # fmt: skip
+    """Validate, simulate and bound a micro-step plan. The single-phase and order bounds are
+    the columns'; a micro-step plan has the batch bound only."""
     from dataclasses import replace
 
     lay, batch = inst.layout, inst.batch
-    plan = pipeline_plan(steps.to_phases(inst, drafted), batch, lay, planner=planner)
     bad = validate(plan, batch, lay.cost)
     if bad:
         raise InvalidPlanError(bad)
     sim = simulate(plan, batch, lay.cost)
     plan = replace(plan, predicted_step_time_s=sim.step_time_s)
-    stats = {"micro_steps": len(drafted), "degrees": sorted({d for d, _ in drafted})}
+    degrees = {g.degree for ph in plan.phases for g in ph.groups if g.micro_batches}
+    stats = {"micro_steps": len(plan.phases), "degrees": sorted(degrees), **(stats or {})}
     return PlanResult("feasible", plan, sim.step_time_s, bound_s(inst),
-                      time.perf_counter() - started, planner, "", stats)  # fmt: skip
+                      time.perf_counter() - started, plan.planner, "", stats)  # fmt: skip
 
 
 def bound_s(inst: Instance) -> float:
     """The batch's certified lower bound of the step over every valid plan (finish bound +
     the collectives; dcp_opt/pipeline/bound.py (1), (2), (4))."""
-    return _bound_parts(inst)["bound_s"] + stage_sync_s(inst.layout)
+    return _bound_parts(inst, windows=False)["bound_s"] + stage_sync_s(inst.layout)
 
 
 def single_phase_bound_s(inst: Instance) -> float:
@@ -295,12 +303,14 @@ def single_phase_bound_s(inst: Instance) -> float:
     return _bound_parts(inst)["single_phase_bound_s"] + stage_sync_s(inst.layout)
 
 
-def _bound_parts(inst: Instance) -> dict:
+def _bound_parts(inst: Instance, windows: bool = True) -> dict:
     def make():
         lay = inst.layout
         degrees = [d for d in stage_cluster(lay).allowed_degrees if lay.num_units % d == 0]
         if not degrees:
             raise DcpOptError("pp: no degree divides a stage's units")
-        return batch_bound_parts(lay, inst.batch, degrees)
+        return batch_bound_parts(lay, inst.batch, degrees, windows=windows)
 
-    return inst.memo("bound", make)
+    if windows or inst.known(("bound", True)):  # the fuller one holds bound_s too
+        return inst.memo(("bound", True), make)
+    return inst.memo(("bound", False), make)

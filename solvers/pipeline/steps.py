@@ -138,9 +138,14 @@ def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
     n = inst.layout.num_units
     fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
     everything = np.arange(len(inst.tokens))
+
+    def summ(d, side, t):  # the summary of a side of the split at t, once per instance
+        return inst.memo(("steps", d, side, t), lambda: summary(inst, d, split_ids(inst, t)[
+            side] if side < 2 else everything))  # fmt: skip
+
     out = []
     for hi in fit:
-        whole = summary(inst, hi, everything)
+        whole = summ(hi, 2, 0.0)
         for t in token_caps(inst, hi, cap):
             out.append(_candidate(inst, ((hi, everything, t),), {hi: whole}, deadline_of))
         for lo in [d for d in degrees if n % d == 0 and hi // 8 <= d < hi]:
@@ -148,7 +153,7 @@ def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
                 ids_hi, ids_lo = split_ids(inst, t_lo)
                 if not len(ids_hi) or not len(ids_lo):
                     continue
-                sums = {hi: summary(inst, hi, ids_hi), lo: summary(inst, lo, ids_lo)}
+                sums = {hi: summ(hi, 0, t_lo), lo: summ(lo, 1, t_lo)}
                 for t_hi in token_caps(inst, hi, cap):
                     parts = ((hi, ids_hi, t_hi), (lo, ids_lo, t_lo))
                     out.append(_candidate(inst, parts, sums, deadline_of))
@@ -177,6 +182,18 @@ def bubble_share(inst: Instance, parts, sums) -> float:
 
 def _run(inst: Instance, parts, deadline_of):
     return draft(inst, parts, deadline_of())
+
+
+def slowest_groups(parts, V: int) -> tuple:
+    """(F, B) (V, K) and X (V - 1, K): each micro-step of check.micro_step_parts priced as its
+    slowest group (0 where every unit idles): the column the order search prices."""
+    K = len(parts)
+    F, B, X = np.zeros((V, K)), np.zeros((V, K)), np.zeros((V - 1, K))
+    for k, ps in enumerate(parts):
+        for _, f, b, x, _, _ in ps:
+            F[:, k], B[:, k], X[:, k] = np.maximum(F[:, k], f), np.maximum(B[:, k], b), \
+                np.maximum(X[:, k], x)  # fmt: skip
+    return F, B, X
 
 
 def to_phases(inst: Instance, steps) -> list[list[Group]]:
