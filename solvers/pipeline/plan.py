@@ -24,6 +24,7 @@ and the order bound of its own micro-batches.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 
 import numpy as np
@@ -107,14 +108,21 @@ def priced(inst: Instance, cols: list):
 
 def search(scored: list, deadline: float):
     """The best draft of `scored` [(estimate, instance, thunk)]: drafted in the order of
-    their estimates; past the deadline once one draft fits, the search stops. (makespan,
-    columns, instance) or None."""
-    best = None
-    for _, inst, make in sorted(scored, key=lambda c: c[0]):
+    their estimates, the two forms (columns, micro-steps) taking turns so that a deadline
+    never leaves one untried (their estimates rank within a form better than across);
+    past the deadline once one draft fits and each form's first is drafted, it stops. (value, drafted,
+    instance) or None."""
+    forms = [sorted((c for c in scored if c[1].layout.pipeline.micro_steps == f),
+                    key=lambda c: c[0]) for f in (False, True)]  # fmt: skip
+    turns = [c for pair in itertools.zip_longest(*forms) for c in pair if c is not None]
+    best, tried = None, set()
+    for _, inst, make in turns:
         got = make()
+        tried.add(inst.layout.pipeline.micro_steps)
         if got is not None and (best is None or got[0] < best[0]):
             best = (*got, inst)
-        if best is not None and time.process_time() > deadline:
+        if best is not None and time.process_time() > deadline and len(tried) == sum(
+                1 for f in forms if f):  # fmt: skip
             break
     return best
 

@@ -96,25 +96,34 @@ def draft(inst: Instance, parts: tuple, deadline: float):
     if not steps:
         return None
     lay = inst.layout
-    p, K = lay.num_stages, len(steps)
+    p, K, V = lay.num_stages, len(steps), lay.num_virtual
     in_flight = np.full(p, float(K)) if lay.pipeline.schedule == "gpipe" else \
         np.minimum(np.arange(p, 0, -1), K).astype(float)  # fmt: skip
+    # every micro-batch, flat: its micro-step, degree, tokens, features
+    owner = np.array([k for k, (_, st) in enumerate(steps) for _ in st])
+    deg = np.array([d for d, st in steps for _ in st])
+    mbs = [mb for _, st in steps for mb in st]
+    tok = np.array([float(inst.tokens[mb].sum()) for mb in mbs])
+    feats = np.add.reduceat(inst.feats[np.concatenate(mbs)], np.cumsum(
+        [0] + [len(mb) for mb in mbs[:-1]]), axis=0)  # fmt: skip
     work_max = np.zeros(p)
-    for d, st in steps:
-        tok = np.array([inst.tokens[mb].sum() for mb in st])
-        work_max = np.maximum(work_max, working_set(inst, d, tok))
-    V = lay.num_virtual
+    for d in set(deg.tolist()):
+        work_max = np.maximum(work_max, working_set(inst, d, tok[deg == d]))
+    rec = np.zeros((len(mbs), p), dtype=int)
     F, B, X = np.zeros((V, K)), np.zeros((V, K)), np.zeros((V - 1, K))
-    out = []
-    for k, (d, st) in enumerate(steps):
-        tok = np.array([inst.tokens[mb].sum() for mb in st])
-        rec = share_recompute(inst, d, tok, work_max, in_flight)
-        if rec is None:
+    for d in set(deg.tolist()):
+        at = np.flatnonzero(deg == d)
+        r = share_recompute(inst, d, tok[at], work_max, in_flight)
+        if r is None:
             return None
-        feats = np.array([inst.feats[mb].sum(axis=0) for mb in st])
-        f, b, x = column_times(lay, feats, d, 0, "ulysses", rec)  # aligned groups price alike
-        F[:, k], B[:, k], X[:, k] = f.max(axis=1), b.max(axis=1), x.max(axis=1)
-        out.append((d, list(zip(st, rec, strict=True))))
+        rec[at] = r
+        f, b, x = column_times(lay, feats[at], d, 0, "ulysses", r)  # aligned groups price alike
+        for T, t in ((F, f), (B, b), (X, x)):
+            np.maximum.at(T.T, owner[at], t.T)  # each micro-step: its slowest group
+    out, i = [], 0
+    for d, st in steps:
+        out.append((d, [(mb, rec[i + j]) for j, mb in enumerate(st)]))
+        i += len(st)
     order, value = best_order(inst, (F, B, X), deadline)
     return value, [out[k] for k in order]
 
