@@ -49,7 +49,7 @@ from .recompute import fit_recompute
 from .window import estimate, fewest, fits_alone, summary, token_caps, window_tokens
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
-SEARCH_SHARE, LOCAL_SHARE = 0.55, 0.7  # of time_limit_s: drafting stops, local search stops
+SEARCH_SHARE, LOCAL_SHARE = 0.5, 0.65  # of time_limit_s: drafting stops, local search stops
 STEPS_SHARE = 0.1  # of time_limit_s: one micro-step draft's order search
 
 
@@ -256,6 +256,7 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
     if bad:
         raise InvalidPlanError(bad)
     sim = simulate(plan, batch, lay.cost)
+    one = single_phase_bound_s(inst)  # first: its parts hold bound_s's (one computation)
     bound = bound_s(inst)
     from dataclasses import replace
 
@@ -265,7 +266,6 @@ def finish_pipeline(inst: Instance, cols: list, *, planner: str, started: float,
     sched = lay.pipeline.schedule
     order_lb = max(column_lower_bound(*c.times(inst), num_stages=lay.num_stages, schedule=sched)
                    for _, c in cols) + stage_sync_s(lay)  # fmt: skip
-    one = single_phase_bound_s(inst)
     stats.update(order_bound_s=order_lb, order_gap=sim.step_time_s / order_lb - 1.0,
                  single_phase_bound_s=one, single_phase_gap=sim.step_time_s / one - 1.0)  # fmt: skip
     return PlanResult(status, plan, sim.step_time_s, bound, time.perf_counter() - started,
