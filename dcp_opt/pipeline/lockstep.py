@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .makespan import column_actions, stage_walk, walk_peak
+from .makespan import column_actions, stage_walk
 
 
 def lockstep_makespan(steps, *, schedule: str, num_stages: int, virtual: int = 1) -> float:
@@ -90,8 +90,11 @@ def unit_peaks(layout, parts) -> np.ndarray:
             stored[g.start_rank : g.start_rank + g.degree, :, k] = st
             work[g.start_rank : g.start_rank + g.degree, :, k] = wk
     out = np.zeros((p, n))
-    for s in range(p):
-        walk = stage_walk(pipe.schedule, p, K, pipe.virtual_stages, s)
-        for u in range(n):
-            out[s, u] = walk_peak(walk, stored[u], work[u])[0]
+    for s in range(p):  # makespan.walk_peak for every unit at once
+        sign, c, k = stage_walk(pipe.schedule, p, K, pipe.virtual_stages, s)[:3]
+        if not len(sign):
+            continue
+        vals = stored[:, c, k]  # (n, actions)
+        peaks = np.cumsum(sign * vals, axis=1) + np.where(sign < 0, vals, 0.0) + work[:, c, k]
+        out[s] = peaks.max(axis=1)
     return out

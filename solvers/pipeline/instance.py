@@ -70,6 +70,13 @@ class Instance:
             self._memo[key] = make()
         return self._memo[key]
 
+    def sibling(self, layout: StageLayout) -> Instance:
+        """This batch on `layout`, a layout of the same costs (the same split, schedule and
+        cost model; another plan form), sharing every memoised value."""
+        twin = Instance(layout, self.batch)
+        twin._memo = self._memo
+        return twin
+
     def known(self, key) -> bool:
         """Whether `memo` holds `key` already."""
         return key in self._memo

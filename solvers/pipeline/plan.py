@@ -23,8 +23,8 @@ and the order bound of its own micro-batches.
 
 from __future__ import annotations
 
+import collections
 import functools
-import itertools
 import time
 
 import numpy as np
@@ -49,8 +49,7 @@ from .recompute import fit_recompute
 from .window import estimate, fewest, fits_alone, summary, token_caps, window_tokens
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
-SEARCH_SHARE, LOCAL_SHARE = 0.5, 0.65  # of time_limit_s: drafting stops, local search stops
-STEPS_SHARE = 0.1  # of time_limit_s: one micro-step draft's order search
+SEARCH_SHARE, LOCAL_SHARE = 0.45, 0.6  # of time_limit_s: drafting stops, local search stops
 
 
 def draft(inst: Instance, d: int, m: int, max_tokens: float):
@@ -107,22 +106,27 @@ def priced(inst: Instance, cols: list):
 
 
 def search(scored: list, deadline: float):
-    """The best draft of `scored` [(estimate, instance, thunk)]: drafted in the order of
-    their estimates, the two forms (columns, micro-steps) taking turns so that a deadline
-    never leaves one untried (their estimates rank within a form better than across);
-    past the deadline once one draft fits and each form's first is drafted, it stops. (value, drafted,
-    instance) or None."""
-    forms = [sorted((c for c in scored if c[1].layout.pipeline.micro_steps == f),
-                    key=lambda c: c[0]) for f in (False, True)]  # fmt: skip
-    turns = [c for pair in itertools.zip_longest(*forms) for c in pair if c is not None]
+    """The best draft of `scored` [(estimate, instance, thunk)]: each form's (columns,
+    micro-steps) drafted in the order of its estimates, the next draft from the form that
+    has had the less time so far (their estimates rank within a form better than across,
+    and their drafts cost differently); past the deadline once one draft fits and each
+    form's first is drafted, it stops. (value, drafted, [micro-steps' times,] instance) or
+    None."""
+    queues = [sorted((c for c in scored if c[1].layout.pipeline.micro_steps == f),
+                     key=lambda c: c[0]) for f in (False, True)]  # fmt: skip
+    queues = [collections.deque(q) for q in queues if q]
+    spent = [0.0] * len(queues)
     best, tried = None, set()
-    for _, inst, make in turns:
+    while any(queues):
+        i = min((j for j, q in enumerate(queues) if q), key=lambda j: spent[j])
+        _, inst, make = queues[i].popleft()
+        t = time.process_time()
         got = make()
-        tried.add(inst.layout.pipeline.micro_steps)
+        spent[i] += time.process_time() - t
+        tried.add(i)
         if got is not None and (best is None or got[0] < best[0]):
             best = (*got, inst)
-        if best is not None and time.process_time() > deadline and len(tried) == sum(
-                1 for f in forms if f):  # fmt: skip
+        if best is not None and time.process_time() > deadline and len(tried) == len(queues):
             break
     return best
 
@@ -206,7 +210,6 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
     splits = stage_splits(cost, pp, virtual_stages)
     scored = []  # every split's candidates, ranked together by their estimates
     search_end = cpu + SEARCH_SHARE * time_limit_s
-    steps_end = lambda: min(search_end, time.process_time() + STEPS_SHARE * time_limit_s)  # noqa: E731
     for layers in splits:
         lay = stage_layout(cost, Pipeline(layers, schedule, virtual_stages))
         here = Instance(lay, batch)
@@ -214,9 +217,8 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
         degrees = stage_cluster(lay).allowed_degrees
         scored += [(est, here, make) for est, make in candidates(here, degrees, cap)]
         if micro_steps and virtual_stages == 1 and schedule in ("1f1b", "gpipe"):
-            ms = Instance(stage_layout(cost, Pipeline(layers, schedule, 1, True)), batch)
-            scored += [(est, ms, make) for est, make in
-                       steps.candidates(ms, degrees, cap, steps_end)]  # fmt: skip
+            ms = here.sibling(stage_layout(cost, Pipeline(layers, schedule, 1, True)))
+            scored += [(est, ms, make) for est, make in steps.candidates(ms, degrees, cap)]
     best = search(scored, search_end)
     if best is None:
         raise InfeasibleError(
@@ -224,9 +226,10 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
             f"stages' memory windows (p = {pp}, stage layers {list(splits)}, max_tokens "
             f"{int(cap)}); more stages, tensor parallelism or a smaller max_tokens"
         )
-    _, cols, inst = best
+    inst, cols = best[-1], best[1]
     del seed  # deterministic: every choice above is ordered
     if inst.layout.pipeline.micro_steps:
+        _, cols = steps.improve(inst, cols, best[2], best[0], cpu + LOCAL_SHARE * time_limit_s)
         return finish_micro_steps(inst, cols, planner="pp_greedy", started=started)
     cols = improve(inst, cols, cpu + LOCAL_SHARE * time_limit_s)  # the rest: the tail
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)

@@ -18,7 +18,8 @@ working set, so each micro-batch kept within the share (room_s - the largest wor
 s) / w fits every unit in every order; r is the fewest of the stage's layers with which its
 stored bytes per unit are within the share (stages.column_memory's bytes).
 
-Order: the micro-steps' named orders (order.candidate_orders), then local search, each priced
+Order: the micro-steps' named orders (order.candidate_orders), then (`improve`, on the draft
+kept) local search, each priced
 as one column whose micro-batch times are each micro-step's slowest group. That is an upper
 bound of the lockstep finish: with every group of a micro-step as slow as its slowest, every
 unit runs in step, and lengthening a pass never shortens a schedule of fixed orders. The
@@ -87,10 +88,11 @@ def working_set(inst: Instance, d: int, tokens: np.ndarray) -> np.ndarray:
     return float(np.max(tokens, initial=0.0)) / d * per_token
 
 
-def draft(inst: Instance, parts: tuple, deadline: float):
+def draft(inst: Instance, parts: tuple):
     """parts: ((d, ids, token cap, k), ...) each composed into micro-steps; then recompute
-    and order (the module docstring). (upper bound of the finish, [(d, [(mb, rec)])] in
-    order) or None when a micro-batch cannot fit its share."""
+    and the best named order (the module docstring; `improve` searches further). (upper
+    bound of the finish, [(d, [(mb, rec)])] in order, their (F, B, X)) or None when a
+    micro-batch cannot fit its share."""
     steps = [(d, st) for d, ids, tokens, k in parts if len(ids)
              for st in compose(inst, d, ids, tokens, k)]  # fmt: skip
     if not steps:
@@ -124,26 +126,32 @@ def draft(inst: Instance, parts: tuple, deadline: float):
     for d, st in steps:
         out.append((d, [(mb, rec[i + j]) for j, mb in enumerate(st)]))
         i += len(st)
-    order, value = best_order(inst, (F, B, X), deadline)
-    return value, [out[k] for k in order]
+    order, value = best_order(inst, (F, B, X))
+    return value, [out[k] for k in order], tuple(t[:, order] for t in (F, B, X))
 
 
-def best_order(inst: Instance, times, deadline: float) -> tuple[list[int], float]:
-    """The best named order of the micro-steps, then local search until the deadline."""
+def best_order(inst: Instance, times) -> tuple[list[int], float]:
+    """The best named order of the micro-steps (their slowest groups' times)."""
     pipe = inst.layout.pipeline
     kw = {"schedule": pipe.schedule, "num_stages": pipe.num_stages, "virtual": 1}
     orders = candidate_orders(times)
     v = batch_makespans(*times, orders, **kw)
     k = int(v.argmin())
-    return local_search(None, inst, times, orders[k], float(v[k]), deadline)
+    return orders[k].tolist(), float(v[k])
 
 
-def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
+def improve(inst: Instance, drafted, times, value: float, deadline: float):
+    """Local search (order.local_search) on a draft's micro-step order until the deadline:
+    (value, micro-steps in the new order). Its recompute fits in any order."""
+    order, v = local_search(None, inst, times, range(len(drafted)), value, deadline)
+    return v, [drafted[k] for k in order]
+
+
+def candidates(inst: Instance, degrees, cap: float) -> list:
     """(estimate, thunk) of each micro-step draft: each single degree d whose longest
     sequence fits alone, at each token cap of window.token_caps; and each pair lo < hi (hi / 8
     <= lo), the sequences over lo's token cap on hi, at each pair of caps; every part with the
-    fewest micro-steps its cap allows. deadline_of(): the order search's deadline when the
-    draft runs."""
+    fewest micro-steps its cap allows."""
     n = inst.layout.num_units
     fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
     everything = np.arange(len(inst.tokens))
@@ -156,7 +164,7 @@ def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
     for hi in fit:
         whole = summ(hi, 2, 0.0)
         for t in token_caps(inst, hi, cap):
-            out.append(_candidate(inst, ((hi, everything, t),), {hi: whole}, deadline_of))
+            out.append(_candidate(inst, ((hi, everything, t),), {hi: whole}))
         for lo in [d for d in degrees if n % d == 0 and hi // 8 <= d < hi]:
             for t_lo in token_caps(inst, lo, min(cap, window_tokens(inst, lo))):
                 ids_hi, ids_lo = split_ids(inst, t_lo)
@@ -165,11 +173,11 @@ def candidates(inst: Instance, degrees, cap: float, deadline_of) -> list:
                 sums = {hi: summ(hi, 0, t_lo), lo: summ(lo, 1, t_lo)}
                 for t_hi in token_caps(inst, hi, cap):
                     parts = ((hi, ids_hi, t_hi), (lo, ids_lo, t_lo))
-                    out.append(_candidate(inst, parts, sums, deadline_of))
+                    out.append(_candidate(inst, parts, sums))
     return out
 
 
-def _candidate(inst: Instance, parts, sums, deadline_of):
+def _candidate(inst: Instance, parts, sums):
     """(estimate, thunk) of parts ((d, ids, token cap), ...), each at its fewest
     micro-steps: the parts' column estimates (window.estimate) less the fills and drains
     counted twice."""
@@ -178,7 +186,7 @@ def _candidate(inst: Instance, parts, sums, deadline_of):
                  for d, ids, t in parts)  # fmt: skip
     est = sum(estimate(inst, d, ids, n, k, t, sums[d]) for d, ids, t, k in full)
     est -= (len(full) - 1) * bubble_share(inst, full, sums)
-    return est, functools.partial(_run, inst, full, deadline_of)
+    return est, functools.partial(draft, inst, full)
 
 
 def bubble_share(inst: Instance, parts, sums) -> float:
@@ -187,10 +195,6 @@ def bubble_share(inst: Instance, parts, sums) -> float:
     p = inst.layout.num_stages
     tops = [sums[d][1] + inst.per_micro_batch(d) for d, _, _, _ in parts]
     return (p - 1) * min(tops) / p
-
-
-def _run(inst: Instance, parts, deadline_of):
-    return draft(inst, parts, deadline_of())
 
 
 def slowest_groups(parts, V: int) -> tuple:

@@ -43,30 +43,32 @@ def recompute_estimate(inst: Instance, d: int, tok: float, full, k: float, ncol:
     equal tokens on ncol columns of degree d need for stage s's window (p - s in flight
     under 1F1B, the column's all under GPipe) to fit: the fraction of the layers that
     closes the excess (recompute.fit_recompute's rule, uniform), times `full` (p,), every
-    layer's recompute."""
-    lay = inst.layout
-    p = lay.num_stages
+    layer's recompute. Plain floats: p is a handful, and drafts are ranked by thousands."""
     per_col = k / ncol
-    w = np.full(p, per_col) if lay.pipeline.schedule == "gpipe" else np.minimum(
-        np.arange(p, 0, -1), per_col)  # fmt: skip
-    keep, save, work, room = window_terms(inst, d)
+    gpipe = inst.layout.pipeline.schedule == "gpipe"
     local = tok / k / d
-    need = local * (w * keep + work) - room
-    frac = np.clip(need / np.maximum(local * w * save, 1e-30), 0.0, 1.0)
-    return float((frac * full).sum())
+    out = 0.0
+    for s, (keep, save, work, room) in enumerate(window_terms(inst, d)):
+        w = per_col if gpipe else min(len(full) - s, per_col)
+        need = local * (w * keep + work) - room
+        if need > 0:
+            out += min(need / max(local * w * save, 1e-30), 1.0) * float(full[s])
+    return out
 
 
-def window_terms(inst: Instance, d: int) -> tuple:
-    """(p,) per stage: bytes a local token keeps with nothing recomputed, bytes recomputing
-    everything saves, the working set's bytes per local token, the room."""
+def window_terms(inst: Instance, d: int) -> list:
+    """Per stage (keep, save, work, room): bytes a local token keeps with nothing
+    recomputed, bytes recomputing everything saves, the working set's bytes per local
+    token, the room; floats."""
 
     def make():
         co, lay = inst.layout.cost.coeffs, inst.layout
-        n = np.array(lay.pipeline.stage_layers, dtype=float)
         act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
-        work = np.full(lay.num_stages, act)
-        work[-1] += co.head_bytes_per_token
-        return n * act, n * max(act - ckpt, 1e-30), work, stage_room(inst, d)
+        room = stage_room(inst, d)
+        p = lay.num_stages
+        return [(n * act, n * max(act - ckpt, 1e-30),
+                 act + (co.head_bytes_per_token if s == p - 1 else 0.0), float(room[s]))
+                for s, n in enumerate(lay.pipeline.stage_layers)]  # fmt: skip
 
     return inst.memo(("window", d), make)
 
@@ -82,6 +84,10 @@ def window_tokens(inst: Instance, d: int, keep: bool = False) -> float:
     """Tokens per micro-batch with which p - s in-flight micro-batches, every layer
     recomputed (keep: none), fit stage s (the 1F1B window; a first guess, fit_recompute
     decides). A longer sequence gets a micro-batch of its own (compose.pack)."""
+    return inst.memo(("window_tokens", d, keep), lambda: _window_tokens(inst, d, keep))
+
+
+def _window_tokens(inst: Instance, d: int, keep: bool) -> float:
     lay = inst.layout
     co, p = lay.cost.coeffs, lay.num_stages
     room = stage_room(inst, d)
@@ -98,7 +104,7 @@ def token_caps(inst: Instance, d: int, cap: float) -> list[float]:
     """The micro-batch token caps tried at degree d: the window with every layer recomputed,
     with none, and their geometric mean, each at most `cap`."""
     lo, hi = window_tokens(inst, d, keep=True), window_tokens(inst, d)
-    return sorted({min(cap, x) for x in (lo, (lo * hi) ** 0.5, hi)})
+    return sorted({min(cap, x) for x in (lo / 2, lo, (lo * hi) ** 0.5, hi)})
 
 
 def fits_alone(inst: Instance, d: int) -> bool:
