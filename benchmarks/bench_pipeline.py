@@ -1,7 +1,7 @@
 """Issue 30: the pipeline planner against the pipeline baselines, one batch per setting.
 
     .venv/bin/python benchmarks/bench_pipeline.py [--json benchmarks/results/pipeline.json]
-        [--rows acceptance]
+        [--rows acceptance|latency]
 
 Settings: llama3-70b (examples/models/llama3-70b.json) at p = 8 and p = 4, and a 34B
 model of the same family (48 layers, hidden 8192, GQA 8, FFN 22016) at p = 4, on h200x64 and
@@ -164,12 +164,16 @@ ACCEPTANCE = [(L70, 4, "h200x256", "1d-wlbllm"), (L70, 4, "h200x64", "1d-wlbllm"
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=str(ROOT / "benchmarks/results/pipeline.json"))
-    ap.add_argument("--rows", choices=["all", "acceptance"], default="all")
+    ap.add_argument("--rows", choices=["all", "acceptance", "latency"], default="all",
+                    help="latency: re-measure only the planning latency, keeping the rows of "
+                         "the --json file")  # fmt: skip
     args = ap.parse_args()
     grid = [(m, pp, cl, wl) for m, pp in SETTINGS for cl in CLUSTERS for wl in WORKLOADS]
     if args.rows == "acceptance":
         grid = ACCEPTANCE
-    rows = []
+    if args.rows == "latency":
+        grid = []
+    rows = json.loads(Path(args.json).read_text())["rows"] if args.rows == "latency" else []
     for model, pp, cl, wl in grid:
         n = cluster_preset(cl).num_gpus
         b = standard_batch(wl, 0, num_gpus=n, tokens_per_gpu=TOKENS_PER_GPU)
