@@ -255,7 +255,19 @@ def plan_summary(res, sim: SimResult, batch: Batch, cost: CostModel) -> dict:
         "num_sequences": len(batch),
         "num_tokens": batch.num_tokens,
         "fingerprint": plan.fingerprint,
+        "pipeline": pipeline_line(plan),
     }
+
+
+def pipeline_line(plan: Plan) -> str:
+    """What a plan's pipeline is, in words; "" without one."""
+    pipe = plan.pipeline
+    if pipe is None:
+        return ""
+    form = (f"{len(plan.phases)} micro-steps whose groups change (schema 4)" if pipe.micro_steps
+            else "columns: each group keeps its units for the step (schema 3)")  # fmt: skip
+    return (f"{pipe.num_stages} stages ({pipe.schedule}, layers {list(pipe.stage_layers)}) x "
+            f"tensor_parallel {plan.tensor_parallel}; {form}")  # fmt: skip
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -271,6 +283,7 @@ def summary_lines(s: dict) -> list[str]:
         f"{format_bytes(s['capacity_gb'] * GB)}",
         f"plan        {s['num_phases']} phase(s), {s['num_groups']} busy group(s), "
         f"{s['num_micro_batches']} micro-batches; degree x groups: {degrees}",
+        *([f"pipeline    {s['pipeline']}"] if s.get("pipeline") else []),
         *(
             [
                 "sp kinds    "
@@ -323,9 +336,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     s = sim.summary()
     if plan.pipeline is not None:  # its timeline is per column: count the plan's
         s["num_micro_batches"] = plan.num_micro_batches
-        pipe = plan.pipeline
-        print(f"pipeline    {pipe.num_stages} stages ({pipe.schedule}, layers "
-              f"{list(pipe.stage_layers)}) x tensor_parallel {plan.tensor_parallel}")  # fmt: skip
+        print(f"pipeline    {pipeline_line(plan)}")
     print(
         f"step time   {s['step_time_s']:.4f} s (finish {s['finish_s']:.4f} s + gradient sync "
         f"{s['grad_sync_s']:.4f} s)"
