@@ -20,7 +20,7 @@ from torch import nn
 from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Plan
 
-from .groups import GroupPool, TPGroups
+from .groups import GroupPool, PipelineTPGroups, TPGroups
 from .parallelize import SPState
 from .pipeline import execute_pipeline_step
 from .plan_check import check_plan_once
@@ -206,7 +206,7 @@ def execute_step(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     sharding=None,
     batch=None,
-    tp: TPGroups | None = None,
+    tp: TPGroups | PipelineTPGroups | None = None,
 ) -> StepReport:
     """Run this rank's part of `plan` and sum gradients over the world.
 
@@ -234,14 +234,14 @@ def execute_step(
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes: {bucket_bytes!r}; allowed: an integer >= 1")
     if plan.pipeline is not None:  # stages and P2P transfers: runtime/pipeline/executor.py
-        if tp is not None:
+        if tp is not None and not isinstance(tp, PipelineTPGroups):
             raise DcpOptError(
-                "tp: tensor parallelism with a pipeline plan is not built; allowed: tp=None "
-                "(runtime/pipeline runs TP-free stages)"
+                f"tp: {type(tp).__name__} with a pipeline plan; allowed: "
+                "PipelineTPGroups.create(tensor_parallel, stages) (its stages' own groups)"
             )
         return execute_pipeline_step(
             plan, task, model, data, pool=pool, state=state, step=step, sharding=sharding,
-            check_hashes=_gather_hashes if check_plan else None, batch=batch,
+            check_hashes=_gather_hashes if check_plan else None, batch=batch, tp=tp,
         )  # fmt: skip
     t_check = time.perf_counter()
     world = dist.get_world_size()

@@ -222,3 +222,116 @@ class TPGroups:
                         f"plan.phases[{p}]: group at unit {g.start_rank} with degree "
                         f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)}"
                     )
+
+
+@dataclass(frozen=True)
+class PipelineTPGroups:
+    """The process groups of a pipeline run with tensor parallelism (plan.pipeline set,
+    plan.tensor_parallel = `degree` = t > 1): GPU `(s n + u) t + j` is TP rank j of unit u of
+    stage s (docs/plan-format.md, the rank map; stages outermost, TP innermost).
+
+    `mesh` is the 3-D DeviceMesh ("pp", "dp", "tp") of shape (stages, units, t): its "tp" rows
+    are a stage's units (apply_tensor_parallel splits over them, as with TPGroups), its "dp"
+    columns the GPUs of one stage and one TP rank (each stage's gradients are summed over
+    them). A plan group of d units at start unit a is, on stage s for TP rank j, the GPUs
+    `(s n + a + i) t + j` for i < d (Ulysses between GPUs of equal TP rank, H / (t d) heads
+    each). Every such group exists once per (s, a, d, j), created in one fixed order on every
+    rank (stage, degree, start, TP rank ascending). `degree`, `mesh`, `unit`, `tp_rank`,
+    `dp_group`, `sp_handle` and `check_plan` answer as TPGroups' do, for this GPU's stage."""
+
+    degree: int
+    num_stages: int
+    mesh: object  # torch DeviceMesh ("pp", "dp", "tp")
+    groups: dict  # (stage, start unit, unit degree) -> [handle for TP rank j]
+    rank: int
+    num_units: int  # per stage
+    degrees: tuple[int, ...]
+
+    @property
+    def stage(self) -> int:
+        return self.rank // (self.num_units * self.degree)
+
+    @property
+    def unit(self) -> int:
+        return (self.rank // self.degree) % self.num_units
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.degree
+
+    @property
+    def dp_group(self):
+        """This stage's GPUs of this TP rank (its units): where its gradients are summed."""
+        return self.mesh.get_group("dp")
+
+    @classmethod
+    def create(cls, degree: int, num_stages: int, *, gpus_per_node: int | None = None,
+               timeout_s: float | None = None) -> PipelineTPGroups:  # fmt: skip
+        """Collective: every rank calls it with the same arguments, in the same order relative
+        to its other new_group calls. The world must be stages x units x degree, and
+        `gpus_per_node` (default: a stage's GPUs) must divide by `degree`."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise DcpOptError(
+                "PipelineTPGroups.create: call torch.distributed.init_process_group first"
+            )
+        world = dist.get_world_size()
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1 \
+                or world % num_stages:  # fmt: skip
+            raise DcpOptError(f"num_stages: {num_stages!r} not allowed; allowed: an integer "
+                              f">= 1 dividing the world ({world})")  # fmt: skip
+        per_stage = world // num_stages
+        per = gpus_per_node or per_stage
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1 or per % degree \
+                or per_stage % degree:  # fmt: skip
+            raise DcpOptError(
+                f"tensor_parallel: {degree!r} not allowed; allowed: an integer >= 1 dividing "
+                f"the GPUs of a node ({per}) and of a stage ({per_stage})"
+            )
+        n = per_stage // degree
+        units = runtime_cluster(n, max(1, min(n, per // degree)))
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        mesh = init_device_mesh(device, (num_stages, n, degree), mesh_dim_names=("pp", "dp", "tp"))
+        kw = group_timeout(timeout_s)
+        groups = {}
+        for s in range(num_stages):
+            for d in units.allowed_degrees:
+                for start in units.placements(d):
+                    groups[(s, start, d)] = [
+                        dist.new_group([((s * n) + start + i) * degree + j for i in range(d)],
+                                       **kw) if d > 1 else None
+                        for j in range(degree)
+                    ]  # fmt: skip
+        return cls(degree, num_stages, mesh, groups, dist.get_rank(), n, units.allowed_degrees)
+
+    def sp_handle(self, start: int, degree: int):
+        """The process group of plan group (start unit, degree) on this GPU's stage, for this
+        GPU's TP rank."""
+        try:
+            return self.groups[(self.stage, start, degree)][self.tp_rank]
+        except KeyError:
+            raise DcpOptError(
+                f"group: no unit group at start {start} with degree {degree}; allowed degrees "
+                f"{list(self.degrees)} at the unit cluster's placements"
+            ) from None
+
+    def check_plan(self, plan) -> None:
+        """Fail on every rank alike (no collective) if a plan does not fit these groups."""
+        pipe = plan.pipeline
+        stages = 0 if pipe is None else pipe.num_stages
+        if (plan.tensor_parallel, plan.num_ranks, stages) != (self.degree, self.num_units,
+                                                              self.num_stages):  # fmt: skip
+            raise DcpOptError(
+                f"plan.tensor_parallel: {plan.tensor_parallel} with num_ranks {plan.num_ranks} "
+                f"and {stages} stages; allowed: tensor_parallel {self.degree} with "
+                f"{self.num_units} units and {self.num_stages} stages (the PipelineTPGroups of "
+                "this run)"
+            )
+        for p, phase in enumerate(plan.phases):
+            for g in phase.groups:
+                if g.degree > 1 and (0, g.start_rank, g.degree) not in self.groups:
+                    raise DcpOptError(
+                        f"plan.phases[{p}]: group at unit {g.start_rank} with degree "
+                        f"{g.degree} is not in the pool; allowed degrees {list(self.degrees)}"
+                    )

@@ -69,7 +69,7 @@ def test_plans_that_do_not_fit_the_job_are_refused():
     with pytest.raises(PipelinePlanError, match="stage_layers: \\[1, 3\\] but the stage"):
         check_pipeline_plan(plan, 4, 0, other)
     tp = dataclasses.replace(plan, tensor_parallel=2)
-    with pytest.raises(PipelinePlanError, match="tensor_parallel: 2; allowed"):
+    with pytest.raises(PipelinePlanError, match="tensor_parallel: 2 with tp of degree 1"):
         check_pipeline_plan(tp, 4, 0, stage)
     inter = dataclasses.replace(plan, pipeline=Pipeline((1, 3), "interleaved", 2))
     with pytest.raises(

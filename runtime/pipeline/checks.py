@@ -20,26 +20,30 @@ class PipelinePlanError(DcpOptError):
     """A pipeline plan this runtime cannot run as given (a ValueError too)."""
 
 
-def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage) -> None:
-    """The job's layout: world = stages x units, one GPU per unit, the stage built for this
-    plan's split and for `rank`'s stage, a schedule this runtime runs."""
+def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
+                        tp=None) -> None:  # fmt: skip
+    """The job's layout: world = stages x units x tensor_parallel, the stage built for this
+    plan's split and for `rank`'s stage, a schedule this runtime runs, `tp` (a
+    runtime.groups.PipelineTPGroups) exactly when the plan has tensor parallelism."""
     pipe = plan.pipeline
-    p = pipe.num_stages
+    p, t = pipe.num_stages, plan.tensor_parallel
     if not isinstance(stage, PipelineStage):
         raise PipelinePlanError(
             f"model: {type(stage).__name__} given for a plan with a pipeline; allowed: this "
             "rank's stage, runtime.pipeline.build_stage(model, plan.pipeline.stage_layers, s)"
         )
-    if plan.tensor_parallel != 1:
+    have = 1 if tp is None else tp.degree
+    if t != have:
         raise PipelinePlanError(
-            f"plan.tensor_parallel: {plan.tensor_parallel}; allowed with a pipeline: 1 "
-            "(tensor parallelism inside a stage is not composed with this runtime yet)"
+            f"plan.tensor_parallel: {t} with tp of degree {have}; allowed: tensor_parallel 1 "
+            "without tp, or tp=PipelineTPGroups.create(t, stages) and a model split by "
+            "apply_tensor_parallel(model, tp) before build_stage"
         )
-    if plan.num_ranks * p != world:
+    if plan.num_ranks * p * t != world:
         raise PipelinePlanError(
-            f"plan.num_ranks: {plan.num_ranks} units per stage x {p} stages = "
-            f"{plan.num_ranks * p} ranks, but the world has {world}; allowed: a plan whose "
-            "stages x units equal the world"
+            f"plan.num_ranks: {plan.num_ranks} units per stage x {p} stages x tensor_parallel "
+            f"{t} = {plan.num_ranks * p * t} ranks, but the world has {world}; allowed: a plan "
+            "whose stages x units x tensor_parallel equal the world"
         )
     if pipe.schedule not in SCHEDULES or pipe.virtual_stages != 1:
         raise PipelinePlanError(
@@ -56,7 +60,7 @@ def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage)
     if stage.stage != want:
         raise PipelinePlanError(
             f"stage: built as stage {stage.stage} but this rank holds stage {want} (stage s "
-            f"holds ranks [s * {plan.num_ranks}, (s + 1) * {plan.num_ranks}))"
+            f"holds ranks [s * {plan.num_ranks * t}, (s + 1) * {plan.num_ranks * t}))"
         )
     check_stage_recompute(plan)
 
@@ -111,4 +115,5 @@ def check_task(task, sharding) -> None:
 
 
 def stage_of(plan: Plan, rank: int) -> int:
-    return rank // plan.num_ranks
+    """The stage of global rank `rank`: stages outermost, then units, then TP ranks."""
+    return rank // (plan.num_ranks * plan.tensor_parallel)

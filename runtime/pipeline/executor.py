@@ -37,6 +37,7 @@ from ..parallelize import SPState
 from ..plan_check import check_plan_once
 from ..sp import SPGroup
 from ..tasks import LMTask
+from ..tensor_parallel import check_plan_heads, reduce_partial_grads
 from .checks import check_groups, check_pipeline_plan, check_task, stage_of
 from .p2p import Channel
 from .stages import PipelineStage
@@ -90,6 +91,14 @@ class _Run:  # what one rank's step needs, gathered once
     rank: int
     loss: torch.Tensor
     times: list
+    tp: object = None  # runtime.groups.PipelineTPGroups under tensor parallelism
+
+    @property
+    def unit(self) -> int:
+        """This GPU's unit on its stage (its plan rank)."""
+        if self.tp is not None:
+            return self.tp.unit
+        return self.rank - self.stage.stage * self.plan.num_ranks
 
 
 def execute_pipeline_step(
@@ -104,17 +113,20 @@ def execute_pipeline_step(
     check_hashes: Callable | None = None,
     sharding=None,
     batch=None,
+    tp=None,
 ) -> PipelineStepReport:
     """This rank's part of a plan with a pipeline (plan.pipeline set): `stage` is
-    `build_stage(model, plan.pipeline.stage_layers, rank // plan.num_ranks)` of a model
-    prepared by `parallelize` / `parallelize_hf` with `state`. Gradients accumulate into the
-    stage's parameters' `.grad`, summed over the stage's ranks. Every check runs before any
-    collective, on every rank alike; `check_hashes(content_hash, world, group)` (the
-    executor's plan all-gather) then compares the plans."""
+    `build_stage(model, plan.pipeline.stage_layers, stage_of(plan, rank))` of a model
+    prepared by `parallelize` / `parallelize_hf` with `state` (and, with tensor parallelism,
+    split by `apply_tensor_parallel(model, tp)`, `tp` a runtime.groups.PipelineTPGroups).
+    Gradients accumulate into the stage's parameters' `.grad`, summed over the stage's units
+    (per TP rank under TP). Every check runs before any collective, on every rank alike;
+    `check_hashes(content_hash, world, group)` (the executor's plan all-gather) then compares
+    the plans."""
     t_check = time.perf_counter()
     world, rank = dist.get_world_size(), dist.get_rank()
     check_task(task, sharding)
-    check_pipeline_plan(plan, world, rank, stage)
+    check_pipeline_plan(plan, world, rank, stage, tp)
     content_hash = plan.content_hash()
     check_plan_once(
         plan,
@@ -123,15 +135,20 @@ def execute_pipeline_step(
         num_layers=stage.total_layers,
         content_hash=content_hash,
     )
-    check_groups(plan, pool)
+    if tp is None:
+        check_groups(plan, pool)
+    else:  # its own groups: each SP group of units is one per TP rank
+        tp.check_plan(plan)
+        check_plan_heads(plan, stage.model)
     if check_hashes is not None:
         check_hashes(content_hash, world, None)
+    state.tp_degree = plan.tensor_parallel  # the task pads a unit's tokens to a multiple
     param = next(stage.parameters())
     run = _Run(
         plan, stage, state, pool,
         data if callable(data) else data.__getitem__,
         Channel(device=param.device, dtype=param.dtype), rank,
-        torch.zeros((), dtype=torch.float64, device=param.device), [],
+        torch.zeros((), dtype=torch.float64, device=param.device), [], tp,
     )  # fmt: skip
     started = time.perf_counter()
     if plan.pipeline.micro_steps:
@@ -145,6 +162,7 @@ def execute_pipeline_step(
     _sync()
     end = time.perf_counter()
     state.sp, state.recompute_layers, state.kind = SPGroup.single(), 0, "ulysses"
+    state.tp_degree = 1
     return PipelineStepReport(
         float(total),
         end - started,
@@ -157,8 +175,7 @@ def execute_pipeline_step(
 
 def _run_phase(run: _Run, p: int, step: int) -> None:
     plan, s = run.plan, run.stage.stage
-    n = plan.num_ranks
-    group = plan.group_of(run.rank - s * n, p)
+    group = plan.group_of(run.unit, p)
     mbs = group.micro_batches
     if not mbs:
         return  # this column idles in this phase, on every stage alike
@@ -187,7 +204,7 @@ def _run_micro_steps(run: _Run, step: int) -> None:
     it has one (every stage's copy of the unit idles in the same ones, so the neighbour it
     sends to or receives from runs the same k), as lockstep.lockstep_makespan prices it."""
     plan, s = run.plan, run.stage.stage
-    unit = run.rank - s * plan.num_ranks
+    unit = run.unit
     K = len(plan.phases)
     mine = [plan.group_of(unit, k) for k in range(K)]
     live: dict[int, _Record] = {}
@@ -211,9 +228,13 @@ def _run_micro_steps(run: _Run, step: int) -> None:
 
 
 def _sp_group(run: _Run, group) -> SPGroup:
-    """This rank's SP group for `group` on its stage (a single rank's for degree 1)."""
+    """This rank's SP group for `group` on its stage (a single rank's for degree 1; under TP
+    the group's GPUs of this TP rank, one per unit)."""
     if group.degree == 1:
         return SPGroup.single()
+    if run.tp is not None:
+        handle = run.tp.sp_handle(group.start_rank, group.degree)
+        return SPGroup(handle, group.degree, run.unit - group.start_rank)
     start = run.stage.stage * run.plan.num_ranks + group.start_rank
     return SPGroup(run.pool.get(start, group.degree), group.degree, run.rank - start)
 
@@ -232,7 +253,8 @@ def _forward(run: _Run, group, sp: SPGroup, k: int, step: int, label: int | None
     if stage.first:
         x = part["tokens"].to(run.channel.device)
     else:
-        expect = (part["tokens"].shape[0], stage.hidden)
+        # a unit's tokens, padded to a multiple of t, split over its t GPUs (SequenceParallel)
+        expect = (part["tokens"].shape[0] // plan.tensor_parallel, stage.hidden)
         x = run.channel.recv(_peer(run, -1), expect=expect, what=_what(run, label, "F"))
         x.requires_grad_()
     out = stage(x, part)
@@ -259,9 +281,10 @@ def _backward(run: _Run, rec: _Record, k: int) -> None:
 
 
 def _peer(run: _Run, direction: int) -> int:
-    """The same unit on the previous (-1) or next (+1) stage: rank r of group g on stage s
-    talks to rank r of group g on s +- 1."""
-    return run.rank + direction * run.plan.num_ranks
+    """The same GPU of the same unit on the previous (-1) or next (+1) stage: rank r of group
+    g on stage s talks to rank r of group g on s +- 1 (under TP, TP rank j to TP rank j: each
+    holds its token shard of the stream)."""
+    return run.rank + direction * run.plan.num_ranks * run.plan.tensor_parallel
 
 
 def _what(run: _Run, k: int, kind: str) -> str:
@@ -270,26 +293,37 @@ def _what(run: _Run, k: int, kind: str) -> str:
 
 
 def _reduce(run: _Run) -> torch.Tensor:
-    """Sum the stage's gradients over its ranks (one all-reduce per dtype), then the loss over
-    the world."""
+    """Sum the stage's gradients over its units (one all-reduce per dtype; under TP each TP
+    rank its own shards, over the stage's GPUs of its TP rank, after giving every gradient
+    its parameter's placement), then the loss over the world, once on every rank (under TP
+    each TP rank of a unit holds the unit's whole loss: TP rank 0's counts)."""
     n, s = run.plan.num_ranks, stage_of(run.plan, run.rank)
+    if run.tp is not None:
+        reduce_partial_grads(run.stage)
     params = [p for p in run.stage.parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     if n > 1:
-        handle = run.pool.get(s * n, n)
+        handle = run.pool.get(s * n, n) if run.tp is None else run.tp.dp_group
         for dtype in dict.fromkeys(p.dtype for p in params):
-            same = [p for p in params if p.dtype == dtype]
-            flat = torch.cat([p.grad.reshape(-1) for p in same])
+            same = [_local(p.grad) for p in params if p.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in same])
             dist.all_reduce(flat, group=handle)
             offset = 0
-            for p in same:
-                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
+            for g in same:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
     total = run.loss.clone()
+    if run.tp is not None and run.tp.tp_rank:
+        total.zero_()
     dist.all_reduce(total)
     return total
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _sync() -> None:

@@ -1,0 +1,178 @@
+"""Pipeline x tensor parallelism in the runtime (runtime/pipeline with runtime.groups.
+PipelineTPGroups): on 4 gloo ranks in float64, 2 stages x 1 unit x TP 2, TinyLM and a
+transformers Llama (GQA) split by apply_tensor_parallel, then into stages: columns under 1F1B
+with variable micro-batches and per-stage recompute, and a micro-step plan under GPipe. The
+step's loss and gradients (full tensors) equal single-process training on the same batch to
+1e-9; each TP rank sends its token shard to the same TP rank of the next stage; no gradient
+is left Partial. A plan and groups that do not match are refused by name before any
+collective."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from dcp_opt.runtime import LMTask, SPState, execute_step, parallelize
+from dcp_opt.runtime.groups import PipelineTPGroups
+from dcp_opt.runtime.pipeline import build_stage
+from dcp_opt.runtime.pipeline.checks import stage_of
+from dcp_opt.runtime.tensor_parallel import apply_tensor_parallel
+from dcp_opt.runtime.testing import DistWorkers
+
+from dcp_opt.plan import Plan
+
+from .test_pipeline_runtime import (
+    BATCH,
+    MBS,
+    make_data,
+    make_model,
+    mb,
+    pipeline_plan,
+    reference,
+)
+
+TOL = 1e-9
+WORLD = 4
+_GROUPS: dict = {}
+
+
+def with_tp(plan: Plan, t: int = 2) -> Plan:
+    return dataclasses.replace(plan, tensor_parallel=t)
+
+
+def cases() -> dict[str, Plan]:
+    columns = [[(0, 1, "ulysses", MBS)]]
+    steps = [[(0, 1, "ulysses", [m])] for m in (mb([2], (0, 1)), mb([0, 1, 7], (1, 0)),
+                                                mb([3, 4, 5, 6], (1, 2)))]  # fmt: skip
+    return {
+        "pp2 x tp2 columns, 1f1b": with_tp(pipeline_plan(columns, BATCH, num_ranks=1,
+                                                         stage_layers=(1, 3))),
+        "pp2 x tp2 micro-steps, gpipe": with_tp(pipeline_plan(
+            steps, BATCH, num_ranks=1, stage_layers=(2, 2), schedule="gpipe", micro_steps=True)),
+    }  # fmt: skip
+
+
+def groups(t: int, stages: int) -> PipelineTPGroups:
+    if (t, stages) not in _GROUPS:  # collective: once per worker, in the same order
+        _GROUPS[(t, stages)] = PipelineTPGroups.create(t, stages)
+    return _GROUPS[(t, stages)]
+
+
+def full(x: torch.Tensor) -> torch.Tensor:
+    return (x.full_tensor() if hasattr(x, "full_tensor") else x).detach().clone()
+
+
+def job(ctx, plan_json: str, seed: int, step: int):
+    """(loss, this stage's full gradients by model name, gradients left off their parameter's
+    placement, this GPU's stage and TP rank)."""
+    plan = Plan.from_json(plan_json)
+    tp = groups(plan.tensor_parallel, plan.pipeline.num_stages)
+    model, state = make_model(seed), SPState()
+    parallelize(model, state, sync_weights=False)
+    apply_tensor_parallel(model, tp)
+    qkv = model.layers[0].attn.qkv.weight  # GPU j holds q_j, k_j, v_j: 3 H / t rows
+    assert qkv.to_local().shape[0] == qkv.shape[0] // plan.tensor_parallel
+    stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+    report = execute_step(plan, LMTask(), stage, make_data(BATCH, seed), pool=ctx.pool,
+                          state=state, step=step, batch=BATCH, tp=tp)  # fmt: skip
+    names = stage.model_parameter_names()
+    off = [n for n, p in names.items() if p.grad.placements != p.placements]
+    return report.loss, {n: full(p.grad) for n, p in names.items()}, off, (tp.stage, tp.tp_rank)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    w = DistWorkers(WORLD, timeout_s=60.0)
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_pipeline_with_tensor_parallelism_equals_single_process(workers, name):
+    plan = cases()[name]
+    results = workers.run(job, plan.to_json(), 3, 5)
+    want_loss, want = reference(BATCH, 3, 5)
+    assert [r[3] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # the rank map
+    worst, seen = 0.0, set()
+    for loss, grads, off, _ in results:
+        assert off == []
+        worst = max(worst, abs(loss - want_loss) / abs(want_loss))
+        for n, g in grads.items():
+            w = want[n]
+            worst = max(worst, float((g - w).norm()) / (float(w.norm()) or 1.0))
+        seen |= set(grads)
+    assert seen == set(want)
+    print(f"{name}: worst relative error {worst:.1e}")
+    assert worst <= TOL
+
+
+def test_a_wrong_gradient_is_caught_under_tp(workers):
+    plan = cases()["pp2 x tp2 columns, 1f1b"]
+    results = workers.run(job, plan.to_json(), 4, 5)  # other weights than the reference's
+    want_loss, want = reference(BATCH, 3, 5)
+    worst = max(float((g - want[n]).norm()) / float(want[n].norm())
+                for _, grads, _, _ in results for n, g in grads.items())  # fmt: skip
+    assert worst > 1e-3
+
+
+def job_hf(ctx, plan_json: str, seed: int, step: int):
+    """The HF Llama's step, as `job`."""
+    from dcp_opt.runtime.hf import HFCausalLMTask, parallelize_hf, tiny_llama
+
+    from .test_pipeline_runtime_hf import SHAPE
+    from .test_pipeline_runtime_hf import make_data as hf_data
+
+    plan = Plan.from_json(plan_json)
+    tp = groups(plan.tensor_parallel, plan.pipeline.num_stages)
+    model, state = tiny_llama(**SHAPE, seed=seed), SPState()
+    parallelize_hf(model, state, sync_weights=False)
+    apply_tensor_parallel(model, tp)
+    stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+    report = execute_step(plan, HFCausalLMTask(), stage, hf_data(BATCH, seed), pool=ctx.pool,
+                          state=state, step=step, batch=BATCH, tp=tp)  # fmt: skip
+    names = stage.model_parameter_names()
+    off = [n for n, p in names.items() if p.grad.placements != p.placements]
+    return report.loss, {n: full(p.grad) for n, p in names.items()}, off, (tp.stage, tp.tp_rank)
+
+
+def test_hf_llama_pipeline_with_tensor_parallelism_equals_single_process(workers):
+    from .test_pipeline_runtime_hf import hf_reference
+
+    plan = cases()["pp2 x tp2 columns, 1f1b"]
+    results = workers.run(job_hf, plan.to_json(), 3, 5)
+    want_loss, want = hf_reference(BATCH, 3, 5)
+    worst = 0.0
+    for loss, grads, off, _ in results:
+        assert off == []
+        worst = max(worst, abs(loss - want_loss) / abs(want_loss))
+        for n, g in grads.items():
+            worst = max(worst, float((g - want[n]).norm()) / (float(want[n].norm()) or 1.0))
+    assert {n for r in results for n in r[1]} == set(want)
+    print(f"hf llama pp2 x tp2: worst relative error {worst:.1e}")
+    assert worst <= TOL
+
+
+def job_refused(ctx, plan_json: str):
+    """A TP pipeline plan run without tp, and a TP-free one with tp: both refused."""
+    plan = Plan.from_json(plan_json)
+    tp = groups(2, 2)
+    model, state = make_model(0), SPState()
+    parallelize(model, state, sync_weights=False)
+    stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+    out = []
+    for p, g in ((plan, None), (dataclasses.replace(plan, tensor_parallel=1), tp)):
+        try:
+            execute_step(p, LMTask(), stage, make_data(BATCH, 0), pool=ctx.pool, state=state,
+                         step=0, batch=BATCH, tp=g)  # fmt: skip
+            out.append("ran")
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_a_mismatched_plan_and_groups_are_refused_before_any_collective(workers):
+    plan = cases()["pp2 x tp2 columns, 1f1b"]
+    for got in workers.run(job_refused, plan.to_json()):
+        assert "plan.tensor_parallel: 2 with tp of degree 1" in got[0]
+        assert "plan.tensor_parallel: 1 with tp of degree 2" in got[1]
