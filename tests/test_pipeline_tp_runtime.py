@@ -176,3 +176,33 @@ def test_a_mismatched_plan_and_groups_are_refused_before_any_collective(workers)
     for got in workers.run(job_refused, plan.to_json()):
         assert "plan.tensor_parallel: 2 with tp of degree 1" in got[0]
         assert "plan.tensor_parallel: 1 with tp of degree 2" in got[1]
+
+
+@pytest.mark.slow
+def test_pp2_x_sp2_x_tp2_on_eight_ranks_equals_single_process():
+    # all three at once: 2 stages x 2 units x TP 2; a Ulysses group of both units (columns,
+    # 1F1B), and micro-steps that re-form the groups (one unit idle in one of them)
+    columns = with_tp(pipeline_plan([[(0, 2, "ulysses", MBS)]], BATCH, num_ranks=2,
+                                    stage_layers=(1, 3)))  # fmt: skip
+    steps = with_tp(pipeline_plan([
+        [(0, 2, "ulysses", [mb([2], (1, 2))])],
+        [(0, 1, "ulysses", [mb([0, 1], (0, 1))]), (1, 1, "ulysses", [mb([3, 4, 5], (1, 0))])],
+        [(0, 1, "ulysses", []), (1, 1, "ulysses", [mb([6], (0, 3))])],
+        [(0, 2, "ulysses", [mb([7], (1, 1))])],
+    ], BATCH, num_ranks=2, stage_layers=(1, 3), micro_steps=True))  # fmt: skip
+    want_loss, want = reference(BATCH, 3, 5)
+    w = DistWorkers(8, timeout_s=120.0)
+    try:
+        for plan in (columns, steps):
+            results = w.run(job, plan.to_json(), 3, 5)
+            assert [r[3] for r in results] == [(s, j) for s in (0, 1) for _ in (0, 1)
+                                               for j in (0, 1)]  # fmt: skip
+            worst = 0.0
+            for loss, grads, off, _ in results:
+                assert off == []
+                worst = max(worst, abs(loss - want_loss) / abs(want_loss))
+                for n, g in grads.items():
+                    worst = max(worst, float((g - want[n]).norm()) / float(want[n].norm()))
+            assert worst <= TOL, (plan.pipeline.micro_steps, worst)
+    finally:
+        w.close()
