@@ -63,8 +63,8 @@ def test_kind_round_trips_and_bad_kind_is_one_line():
     d["phases"][0]["groups"][0]["kind"] = "star"
     with pytest.raises(PlanFormatError, match=r"groups\[0\]\.kind: 'star' not allowed"):
         Plan.from_dict(d)
-    d["schema_version"] = 4
-    with pytest.raises(PlanFormatError, match="schema_version: 4 not supported"):
+    d["schema_version"] = 5
+    with pytest.raises(PlanFormatError, match="schema_version: 5 not supported"):
         Plan.from_dict(d)
 
 
