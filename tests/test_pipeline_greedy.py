@@ -87,3 +87,16 @@ def test_greedy_answers_valid_plans_above_the_bounds(pp):
     both = run_planner("pp_greedy", BATCH, COST, pp=pp, time_limit_s=1.0)
     assert validate(both.plan, BATCH, COST) == []
     assert both.lower_bound_s <= both.predicted_step_time_s
+
+
+def test_split_summaries_from_prefix_sums_equal_the_direct_ones():
+    from dcp_opt.solvers.pipeline.window import split_summary, summary
+
+    inst = _inst()
+    order = np.argsort(-inst.tokens, kind="stable")
+    for d in (1, 2, 8):
+        for j in (1, 5, len(order) // 2, len(order) - 1):
+            for side, ids in ((0, order[:j]), (1, order[j:])):
+                got, want = split_summary(inst, d, j, side), summary(inst, d, ids)
+                assert np.allclose(got[:3], want[:3], rtol=1e-12)
+                assert np.allclose(got[3], want[3], rtol=1e-12)

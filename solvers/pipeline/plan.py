@@ -46,7 +46,15 @@ from .compose import columns, consecutive, pack, split_by_degree
 from .instance import Instance, make_pipeline
 from .order import apply_order, best_named, local_search
 from .recompute import fit_recompute
-from .window import estimate, fewest, fits_alone, summary, token_caps, window_tokens
+from .window import (
+    estimate,
+    fewest,
+    fits_alone,
+    split_summary,
+    summary,
+    token_caps,
+    window_tokens,
+)
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
 SEARCH_SHARE, LOCAL_SHARE = 0.45, 0.6  # of time_limit_s: drafting stops, local search stops
@@ -164,7 +172,8 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
                 ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units)
                 if not ids_lo or not ids_hi:
                     continue
-                ph, pl = summary(inst, hi, ids_hi), summary(inst, lo, ids_lo)
+                j = len(ids_hi)  # the j longest: split_by_degree cuts the sorted order
+                ph, pl = split_summary(inst, hi, j, 0), split_summary(inst, lo, j, 1)
                 for m in (p, 2 * p, 4 * p, 8 * p):
                     est = max(estimate(inst, hi, ids_hi, units, m, cap, ph),
                               estimate(inst, lo, ids_lo, n - units, m, lo_tokens, pl))  # fmt: skip

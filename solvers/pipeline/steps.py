@@ -40,7 +40,15 @@ from dcp_opt.plan import Group, MicroBatch
 from .compose import pack
 from .instance import Instance
 from .order import candidate_orders, local_search
-from .window import estimate, fits_alone, stage_room, summary, token_caps, window_tokens
+from .window import (
+    estimate,
+    fits_alone,
+    split_summary,
+    stage_room,
+    summary,
+    token_caps,
+    window_tokens,
+)
 
 
 def split_ids(inst: Instance, lo_tokens: float) -> tuple[np.ndarray, np.ndarray]:
@@ -156,9 +164,10 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
     fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
     everything = np.arange(len(inst.tokens))
 
-    def summ(d, side, t):  # the summary of a side of the split at t, once per instance
-        return inst.memo(("steps", d, side, t), lambda: summary(inst, d, split_ids(inst, t)[
-            side] if side < 2 else everything))  # fmt: skip
+    def summ(d, side, t):  # a side of the split at t: the longest j or the rest
+        if side == 2:
+            return inst.memo(("steps", d), lambda: summary(inst, d, everything))
+        return split_summary(inst, d, int((inst.tokens > t).sum()), side)
 
     out = []
     for hi in fit:

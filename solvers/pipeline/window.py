@@ -38,6 +38,29 @@ def summary(inst: Instance, d: int, ids) -> tuple:
     return float(a.sum()), float(a.max()), float(inst.tokens[ids].sum()), full
 
 
+def split_summary(inst: Instance, d: int, j: int, side: int) -> tuple:
+    """`summary` of the j longest sequences (side 0: the length-descending order's first j,
+    stable, as compose.split_by_degree and steps.split_ids cut) or of the rest (side 1), in
+    O(1) from prefix sums kept per degree."""
+
+    def make():
+        order = np.argsort(-inst.tokens, kind="stable")
+        a = inst.additive(d)[order]
+        zero = np.zeros(1)
+        cum = np.concatenate([zero, np.cumsum(a)])
+        head = np.concatenate([[-np.inf], np.maximum.accumulate(a)])
+        tail = np.concatenate([np.maximum.accumulate(a[::-1])[::-1], [-np.inf]])
+        tok = np.concatenate([zero, np.cumsum(inst.tokens[order])])
+        full = inst.recompute_all(d)[order]
+        rec = np.vstack([np.zeros((1, full.shape[1])), np.cumsum(full, axis=0)])
+        return cum, head, tail, tok, rec
+
+    cum, head, tail, tok, rec = inst.memo(("prefix", d), make)
+    if side == 0:
+        return float(cum[j]), float(head[j]), float(tok[j]), rec[j]
+    return float(cum[-1] - cum[j]), float(tail[j]), float(tok[-1] - tok[j]), rec[-1] - rec[j]
+
+
 def recompute_estimate(inst: Instance, d: int, tok: float, full, k: float, ncol: int) -> float:
     """Seconds of recompute summed over the stages that `tok` tokens in k micro-batches of
     equal tokens on ncol columns of degree d need for stage s's window (p - s in flight
