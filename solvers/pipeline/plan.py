@@ -57,7 +57,7 @@ from .window import (
 )
 
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
-SEARCH_SHARE, LOCAL_SHARE = 0.45, 0.6  # of time_limit_s: drafting stops, local search stops
+SEARCH_SHARE, LOCAL_SHARE = 0.35, 0.5  # of time_limit_s: drafting stops, local search stops
 
 
 def draft(inst: Instance, d: int, m: int, max_tokens: float):
