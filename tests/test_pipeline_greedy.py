@@ -100,3 +100,27 @@ def test_split_summaries_from_prefix_sums_equal_the_direct_ones():
                 got, want = split_summary(inst, d, j, side), summary(inst, d, ids)
                 assert np.allclose(got[:3], want[:3], rtol=1e-12)
                 assert np.allclose(got[3], want[3], rtol=1e-12)
+
+
+def test_the_collector_is_paused_while_planning_and_restored_after():
+    import gc
+
+    from dcp_opt.solvers.pipeline import plan as P
+
+    seen = []
+    orig = P.search
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return orig(*a, **k)
+
+    P.search = spy
+    try:
+        for was in (True, False):
+            (gc.enable if was else gc.disable)()
+            run_planner("pp_greedy", BATCH, COST, pp=2)
+            assert gc.isenabled() == was
+    finally:
+        P.search = orig
+        gc.enable()
+    assert seen == [False, False]

@@ -24,7 +24,9 @@ and the order bound of its own micro-batches.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import gc
 import time
 
 import numpy as np
@@ -214,6 +216,29 @@ def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str 
                    virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
                    seed: int = 0, micro_steps: bool = True) -> PlanResult:  # fmt: skip
+    with collection_paused():
+        return _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel,
+                               max_tokens, time_limit_s, seed, micro_steps)  # fmt: skip
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector paused while pp_greedy plans: its milliseconds
+    allocate many short-lived objects, and a collection of a large heap (a training process's)
+    mid-plan cost 6-10 ms at the p99 (measured in bench_pipeline's process: p99 86-90 ms
+    with it, 80 without). Reference counting still frees everything acyclic; the collector
+    runs again after, as before if it was on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, max_tokens,
+                    time_limit_s, seed, micro_steps) -> PlanResult:  # fmt: skip
     started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
     splits = stage_splits(cost, pp, virtual_stages)
