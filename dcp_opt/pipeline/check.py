@@ -230,7 +230,10 @@ def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str,
     return out
 
 
-_LAST_PARTS: list = []  # [(plan, batch, cost, pipeline), parts]: validate, then simulate
+# [((plan, batch, cost, pipeline), parts)]: validate, then simulate. One tuple, replaced
+# whole and read once, so a planner thread (runtime.data plans in the background) never
+# pairs one plan's key with another's parts.
+_LAST_PARTS: list = [((), None)]
 
 
 def micro_step_parts(layout, batch, plan) -> list:
@@ -240,10 +243,11 @@ def micro_step_parts(layout, batch, plan) -> list:
     answer is kept for the same plan, batch and cost model (the objects themselves, frozen:
     a planner validates, then simulates, the one plan)."""
     key = (plan, batch, layout.cost, layout.pipeline)
-    if _LAST_PARTS and all(a is b for a, b in zip(_LAST_PARTS[0], key, strict=True)):
-        return _LAST_PARTS[1]
+    last_key, last = _LAST_PARTS[0]
+    if len(last_key) == len(key) and all(a is b for a, b in zip(last_key, key, strict=True)):
+        return last
     parts = _price_micro_steps(layout, batch, plan)
-    _LAST_PARTS[:] = [key, parts]
+    _LAST_PARTS[0] = (key, parts)
     return parts
 
 
