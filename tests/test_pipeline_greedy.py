@@ -124,3 +124,32 @@ def test_the_collector_is_paused_while_planning_and_restored_after():
         P.search = orig
         gc.enable()
     assert seen == [False, False]
+
+
+def test_a_fixed_layer_split_is_kept_and_a_bad_one_named():
+    from dcp_opt.errors import DcpOptError
+
+    for layers in ((8, 8, 8, 8), (6, 10, 10, 6)):  # llama-7b: 32 layers
+        for name in ("pp_greedy", "pp_cpsat"):
+            opts = {"time_limit_s": 1.0} if name == "pp_cpsat" else {}
+            r = run_planner(name, BATCH, COST, pp=4, stage_layers=layers, **opts)
+            assert r.plan.pipeline.stage_layers == layers
+            assert validate(r.plan, BATCH, COST) == []
+    with pytest.raises(DcpOptError, match="stage_layers: \\[8, 8, 8\\]; allowed: 4 integers"):
+        run_planner("pp_greedy", BATCH, COST, pp=4, stage_layers=(8, 8, 8))
+    with pytest.raises(DcpOptError, match="summing to the model's 32 layers"):
+        run_planner("pp_greedy", BATCH, COST, pp=4, stage_layers=(8, 8, 8, 9))
+
+
+def test_cli_pp_layers(tmp_path, capsys):
+    import json
+
+    from dcp_opt.cli import main
+
+    common = ["--workload", "1d-wlbllm", "--cluster", "h200x32", "--model", "llama-7b",
+              "--tokens-per-gpu", "8192", "--pp", "4"]  # fmt: skip
+    out = tmp_path / "p.json"
+    assert main(["plan", *common, "--pp-layers", "7,9,9,7", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["pipeline"]["stage_layers"] == [7, 9, 9, 7]
+    assert main(["plan", *common, "--pp-layers", "7,x"]) == 2
+    assert "pp-layers: '7,x'" in capsys.readouterr().err

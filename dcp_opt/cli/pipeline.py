@@ -23,6 +23,9 @@ def add_pp_arguments(p: argparse.ArgumentParser) -> None:
                    help="the stages' order (default 1f1b)")  # fmt: skip
     p.add_argument("--virtual-stages", type=int, default=1, metavar="V",
                    help="model chunks per stage (interleaved only; default 1)")  # fmt: skip
+    p.add_argument("--pp-layers", default=None, metavar="N,N,...",
+                   help="the layer split, fixed (one count a stage; default: the planner's "
+                        "choice per batch)")  # fmt: skip
     p.add_argument("--pp-form", default="best", choices=["best", "columns"],
                    help="best: columns or micro-steps whose groups change, the faster "
                         "(schema 4); columns: groups fixed for the step (schema 3)")  # fmt: skip
@@ -46,4 +49,16 @@ def pipeline_planner(args: argparse.Namespace) -> tuple[str, dict]:
     tp = getattr(args, "tp", None)
     if tp:
         opts["tensor_parallel"] = tp
+    if getattr(args, "pp_layers", None):
+        opts["stage_layers"] = parse_layers(args.pp_layers)
     return name, opts
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """--pp-layers "20,20,20,20" as integers, or a one-line error naming the field."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise DcpOptError(
+            f"pp-layers: {text!r}; allowed: comma-separated integers, one a stage"
+        ) from None

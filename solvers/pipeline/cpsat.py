@@ -108,14 +108,15 @@ def solve_order(f, b, x, *, schedule: str, num_stages: int, virtual: int = 1, hi
 def plan_pp_cpsat(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
                   virtual_stages: int = 1, tensor_parallel: int | None = None,
                   max_tokens: int | None = None, time_limit_s: float = 10.0,
-                  num_workers: int = 1, seed: int = 0, micro_steps: bool = True):  # fmt: skip
+                  num_workers: int = 1, seed: int = 0, micro_steps: bool = True,
+                  stage_layers: tuple[int, ...] | None = None):  # fmt: skip
     """greedy's plan, then each column's order by CP-SAT (slowest column first, the time
     budget shared); a column keeps CP-SAT's order only if it is faster and still fits. A
     micro-step plan gets its micro-steps' order (`order_micro_steps`)."""
     started = time.perf_counter()
     g = plan_pp_greedy(batch, cost, pp=pp, schedule=schedule, virtual_stages=virtual_stages,
                        tensor_parallel=tensor_parallel, max_tokens=max_tokens,
-                       micro_steps=micro_steps)  # fmt: skip
+                       micro_steps=micro_steps, stage_layers=stage_layers)  # fmt: skip
     if g.plan.pipeline.micro_steps:
         return order_micro_steps(g, batch, cost, started + time_limit_s, started=started,
                                  num_workers=num_workers, seed=seed)  # fmt: skip

@@ -215,10 +215,13 @@ def to_groups(inst: Instance, cols: list) -> list[Group]:
 def plan_pp_greedy(batch: Batch, cost: CostModel, *, pp: int = 4, schedule: str = "1f1b",
                    virtual_stages: int = 1, tensor_parallel: int | None = None,
                    max_tokens: int | None = None, time_limit_s: float = 0.1,
-                   seed: int = 0, micro_steps: bool = True) -> PlanResult:  # fmt: skip
+                   seed: int = 0, micro_steps: bool = True,
+                   stage_layers: tuple[int, ...] | None = None) -> PlanResult:  # fmt: skip
+    """stage_layers: the job's layer split, fixed (a training run builds its stages once;
+    default: the better of `stage_splits`, chosen per batch)."""
     with collection_paused():
         return _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel,
-                               max_tokens, time_limit_s, seed, micro_steps)  # fmt: skip
+                               max_tokens, time_limit_s, seed, micro_steps, stage_layers)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -238,10 +241,12 @@ def collection_paused():
 
 
 def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, max_tokens,
-                    time_limit_s, seed, micro_steps) -> PlanResult:  # fmt: skip
+                    time_limit_s, seed, micro_steps, stage_layers) -> PlanResult:  # fmt: skip
     started, cpu = time.perf_counter(), time.process_time()  # deadlines in CPU seconds
     cost = pipeline_cost(cost, tensor_parallel)  # tensor parallelism is the cost model's
     splits = stage_splits(cost, pp, virtual_stages)
+    if stage_layers is not None:
+        splits = [fixed_split(cost, pp, stage_layers)]
     scored = []  # every split's candidates, ranked together by their estimates
     search_end = cpu + SEARCH_SHARE * time_limit_s
     for layers in splits:
@@ -267,6 +272,19 @@ def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, 
         return finish_micro_steps(inst, cols, planner="pp_greedy", started=started)
     cols = improve(inst, cols, cpu + LOCAL_SHARE * time_limit_s)  # the rest: the tail
     return finish_pipeline(inst, cols, planner="pp_greedy", started=started)
+
+
+def fixed_split(cost: CostModel, pp: int, stage_layers) -> tuple[int, ...]:
+    """The user's split, checked: pp entries >= 1 summing to the model's layers."""
+    layers = tuple(stage_layers)
+    L = cost.model.num_layers
+    ok = all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in layers)
+    if len(layers) != pp or not ok or sum(layers) != L:
+        raise DcpOptError(
+            f"stage_layers: {list(layers)}; allowed: {pp} integers >= 1 (one a stage) summing "
+            f"to the model's {L} layers"
+        )
+    return layers
 
 
 def stage_splits(cost: CostModel, pp: int, virtual: int = 1) -> list[tuple[int, ...]]:
