@@ -94,6 +94,21 @@ class CheckpointInfo:
         return self.manifest["extra"]
 
 
+def refuse_pipeline_models(model) -> None:
+    """A pipeline run's model (a stage, or a model split into stages) is refused before any
+    collective, on every rank alike: each rank updates only its own stage's parameters, so a
+    checkpoint written from its model copy would hold stale weights for the other stages
+    (and a stage's own names collide across stages). Not built yet."""
+    from .pipeline.stages import is_staged
+
+    if is_staged(model):
+        raise DcpOptError(
+            f"model: {type(model).__name__} of a pipeline run (split by build_stage); "
+            "checkpoints of pipeline runs are not built (each stage's parameters live on its "
+            "own ranks); allowed: a model trained without a pipeline"
+        )
+
+
 def save(
     directory,
     *,
@@ -111,6 +126,7 @@ def save(
     highest steps kept. A `step` below the folder's newest is refused unless `new_history`:
     then this save starts a new history and the checkpoints above `step` are deleted once it
     is published. Returns the folder."""
+    refuse_pipeline_models(model)
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise DcpOptError(f"step: {step!r} not allowed; allowed: an int >= 0")
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
@@ -167,6 +183,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     `model`, `optimizer` and `loader`; returns the step it was saved at (the number of steps
     done). Collective. Any world size: the loader replans the epoch's remaining batches for
     its own cost model. Raises DcpOptError, with nothing changed, on a mismatch."""
+    refuse_pipeline_models(model)
     stateful = None if loader is None else stateful_loader(loader)
     info = read(path) if path is not None else latest(directory)
     if info is None:

@@ -10,7 +10,16 @@ import dataclasses
 
 import pytest
 import torch
-from dcp_opt.runtime import DiffusionTask, DiTConfig, GroupPool, LMTask, TinyDiT, TinyLM
+from dcp_opt.runtime import (
+    DiffusionTask,
+    DiTConfig,
+    GroupPool,
+    LMTask,
+    SPState,
+    TinyDiT,
+    TinyLM,
+    parallelize,
+)
 from dcp_opt.runtime.pipeline import PipelinePlanError, StageSplitError, build_stage
 from dcp_opt.runtime.pipeline.checks import (
     check_groups,
@@ -105,3 +114,21 @@ def test_groups_tasks_and_sharding_are_checked():
         check_task(DiffusionTask(), None)
     with pytest.raises(PipelinePlanError, match="sharding: not composed"):
         check_task(LMTask(), object())
+
+
+def test_checkpoints_of_a_pipeline_run_are_refused_before_anything(tmp_path):
+    # each rank updates only its stage: a checkpoint of its model copy would hold stale
+    # weights for the other stages; refused (no collective, nothing written)
+    import dcp_opt.runtime.checkpoint as checkpoint
+
+    from dcp_opt.errors import DcpOptError
+
+    model = make_model(0)
+    parallelize(model, SPState(), sync_weights=False)
+    stage = build_stage(model, (2, 2), 0)
+    for m in (model, stage):
+        with pytest.raises(DcpOptError, match="pipeline run .*not built"):
+            checkpoint.save(tmp_path, model=m, step=1)
+        with pytest.raises(DcpOptError, match="pipeline run .*not built"):
+            checkpoint.load(tmp_path, model=m)
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,8 @@ from the model's first): the executor sets it to the stage's first layer plus th
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,14 @@ from ..hf_layers import base_model
 from ..models import TinyLM
 
 HF_FAMILIES = ("llama",)  # config.model_type whose decoder forward build_stage re-creates
+# Models build_stage split (held weakly): each rank of a pipeline run updates only its own
+# stage's parameters, so the rest of its model copy goes stale; checkpoint.save refuses them.
+STAGED: weakref.WeakSet = weakref.WeakSet()
+
+
+def is_staged(model: nn.Module) -> bool:
+    """Whether `model` is, or is a model split by build_stage into, pipeline stages."""
+    return isinstance(model, PipelineStage) or model in STAGED
 
 
 class StageSplitError(DcpOptError):
@@ -141,7 +151,9 @@ def build_stage(model: nn.Module, stage_layers, stage: int) -> PipelineStage:
         )
     if not 0 <= stage < len(stage_layers):
         raise StageSplitError(f"stage: {stage}; allowed: 0..{len(stage_layers) - 1}")
-    return (TinyLMStage if kind == "tiny" else HFLlamaStage)(model, stage_layers, stage)
+    out = (TinyLMStage if kind == "tiny" else HFLlamaStage)(model, stage_layers, stage)
+    STAGED.add(model)
+    return out
 
 
 def _split_kind(model: nn.Module) -> tuple[str, nn.ModuleList]:
