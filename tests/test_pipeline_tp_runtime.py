@@ -74,11 +74,31 @@ def job(ctx, plan_json: str, seed: int, step: int):
     qkv = model.layers[0].attn.qkv.weight  # GPU j holds q_j, k_j, v_j: 3 H / t rows
     assert qkv.to_local().shape[0] == qkv.shape[0] // plan.tensor_parallel
     stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
-    report = execute_step(plan, LMTask(), stage, make_data(BATCH, seed), pool=ctx.pool,
-                          state=state, step=step, batch=BATCH, tp=tp)  # fmt: skip
+    return run_stage(ctx, plan, LMTask(), stage, make_data(BATCH, seed), state, step, tp)
+
+
+def run_stage(ctx, plan, task, stage, data, state, step: int, tp):
+    """One step of this rank's stage: (loss, its full gradients by model name, gradients
+    left off their parameter's placement, (stage, TP rank))."""
+    report = execute_step(plan, task, stage, data, pool=ctx.pool, state=state, step=step,
+                          batch=BATCH, tp=tp)  # fmt: skip
     names = stage.model_parameter_names()
     off = [n for n, p in names.items() if p.grad.placements != p.placements]
     return report.loss, {n: full(p.grad) for n, p in names.items()}, off, (tp.stage, tp.tp_rank)
+
+
+def worst_error(results, want_loss: float, want: dict) -> float:
+    """The worst relative error of the loss and of every gradient over the ranks, after
+    checking no gradient is left off its parameter's placement and every parameter is on
+    some stage."""
+    worst = 0.0
+    for loss, grads, off, _ in results:
+        assert off == []
+        worst = max(worst, abs(loss - want_loss) / abs(want_loss))
+        for n, g in grads.items():
+            worst = max(worst, float((g - want[n]).norm()) / (float(want[n].norm()) or 1.0))
+    assert {n for r in results for n in r[1]} == set(want)
+    return worst
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +114,7 @@ def test_pipeline_with_tensor_parallelism_equals_single_process(workers, name):
     results = workers.run(job, plan.to_json(), 3, 5)
     want_loss, want = reference(BATCH, 3, 5)
     assert [r[3] for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]  # the rank map
-    worst, seen = 0.0, set()
-    for loss, grads, off, _ in results:
-        assert off == []
-        worst = max(worst, abs(loss - want_loss) / abs(want_loss))
-        for n, g in grads.items():
-            w = want[n]
-            worst = max(worst, float((g - w).norm()) / (float(w.norm()) or 1.0))
-        seen |= set(grads)
-    assert seen == set(want)
+    worst = worst_error(results, want_loss, want)
     print(f"{name}: worst relative error {worst:.1e}")
     assert worst <= TOL
 
@@ -110,10 +122,7 @@ def test_pipeline_with_tensor_parallelism_equals_single_process(workers, name):
 def test_a_wrong_gradient_is_caught_under_tp(workers):
     plan = cases()["pp2 x tp2 columns, 1f1b"]
     results = workers.run(job, plan.to_json(), 4, 5)  # other weights than the reference's
-    want_loss, want = reference(BATCH, 3, 5)
-    worst = max(float((g - want[n]).norm()) / float(want[n].norm())
-                for _, grads, _, _ in results for n, g in grads.items())  # fmt: skip
-    assert worst > 1e-3
+    assert worst_error(results, *reference(BATCH, 3, 5)) > 1e-3
 
 
 def job_hf(ctx, plan_json: str, seed: int, step: int):
@@ -129,11 +138,7 @@ def job_hf(ctx, plan_json: str, seed: int, step: int):
     parallelize_hf(model, state, sync_weights=False)
     apply_tensor_parallel(model, tp)
     stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
-    report = execute_step(plan, HFCausalLMTask(), stage, hf_data(BATCH, seed), pool=ctx.pool,
-                          state=state, step=step, batch=BATCH, tp=tp)  # fmt: skip
-    names = stage.model_parameter_names()
-    off = [n for n, p in names.items() if p.grad.placements != p.placements]
-    return report.loss, {n: full(p.grad) for n, p in names.items()}, off, (tp.stage, tp.tp_rank)
+    return run_stage(ctx, plan, HFCausalLMTask(), stage, hf_data(BATCH, seed), state, step, tp)
 
 
 def test_hf_llama_pipeline_with_tensor_parallelism_equals_single_process(workers):
@@ -141,14 +146,7 @@ def test_hf_llama_pipeline_with_tensor_parallelism_equals_single_process(workers
 
     plan = cases()["pp2 x tp2 columns, 1f1b"]
     results = workers.run(job_hf, plan.to_json(), 3, 5)
-    want_loss, want = hf_reference(BATCH, 3, 5)
-    worst = 0.0
-    for loss, grads, off, _ in results:
-        assert off == []
-        worst = max(worst, abs(loss - want_loss) / abs(want_loss))
-        for n, g in grads.items():
-            worst = max(worst, float((g - want[n]).norm()) / (float(want[n].norm()) or 1.0))
-    assert {n for r in results for n in r[1]} == set(want)
+    worst = worst_error(results, *hf_reference(BATCH, 3, 5))
     print(f"hf llama pp2 x tp2: worst relative error {worst:.1e}")
     assert worst <= TOL
 
@@ -197,12 +195,7 @@ def test_pp2_x_sp2_x_tp2_on_eight_ranks_equals_single_process():
             results = w.run(job, plan.to_json(), 3, 5)
             assert [r[3] for r in results] == [(s, j) for s in (0, 1) for _ in (0, 1)
                                                for j in (0, 1)]  # fmt: skip
-            worst = 0.0
-            for loss, grads, off, _ in results:
-                assert off == []
-                worst = max(worst, abs(loss - want_loss) / abs(want_loss))
-                for n, g in grads.items():
-                    worst = max(worst, float((g - want[n]).norm()) / float(want[n].norm()))
+            worst = worst_error(results, want_loss, want)
             assert worst <= TOL, (plan.pipeline.micro_steps, worst)
     finally:
         w.close()
