@@ -75,18 +75,39 @@ def best_named(col: Column, inst: Instance, times) -> tuple[list[int], float]:
 def neighbours(order: np.ndarray) -> np.ndarray:
     """Every swap of two positions and every move of one micro-batch to another position
     (no-op moves left out), one row each."""
+    return np.vstack(list(neighbour_chunks(np.asarray(order, dtype=np.intp), 1 << 30)))
+
+
+def neighbour_chunks(order: np.ndarray, size: int):
+    """`neighbours`, built and yielded at most about `size` rows at a time (swaps of position
+    i with every later one, then moves of the micro-batch at a to every other position), so
+    a long order (hundreds of micro-steps: m^2 rows of m) is never built whole before a
+    deadline can stop it."""
     m = len(order)
-    i, j = np.triu_indices(m, 1)
-    swaps = np.tile(order, (len(i), 1))
-    r = np.arange(len(i))
-    swaps[r, i], swaps[r, j] = order[j], order[i]
-    a, c = (x.ravel() for x in np.meshgrid(np.arange(m), np.arange(m), indexing="ij"))
-    keep = (c != a) & (c != a - 1)
-    a, c = a[keep, None], c[keep, None]
-    pos = np.arange(m)[None, :]  # the moved one lands at c; those between shift by one
-    src = np.where(pos == c, a, pos + ((a < c) & (pos >= a) & (pos < c)) -
-                   ((a > c) & (pos > c) & (pos <= a)))  # fmt: skip
-    return np.vstack([swaps, order[src]])
+    rows, pending = 0, []
+    pos = np.arange(m)[None, :]
+    for i in range(m - 1):
+        j = np.arange(i + 1, m)
+        block = np.tile(order, (len(j), 1))
+        block[np.arange(len(j)), i], block[np.arange(len(j)), j] = order[j], order[i]
+        pending.append(block)
+        rows += len(block)
+        if rows >= size:
+            yield np.vstack(pending)
+            rows, pending = 0, []
+    for a in range(m):
+        c = np.array([c for c in range(m) if c != a and c != a - 1])[:, None]
+        if not len(c):
+            continue
+        src = np.where(pos == c, a, pos + ((a < c) & (pos >= a) & (pos < c)) -
+                       ((a > c) & (pos > c) & (pos <= a)))  # fmt: skip
+        pending.append(order[src])
+        rows += len(c)
+        if rows >= size:
+            yield np.vstack(pending)
+            rows, pending = 0, []
+    if pending:
+        yield np.vstack(pending)
 
 
 CHUNK = 512  # candidates priced per deadline check
@@ -102,12 +123,11 @@ def local_search(col: Column, inst: Instance, times, order, value, deadline: flo
     improved = True
     while improved and time.process_time() < deadline:
         improved = False
-        cand = neighbours(order)
-        for lo in range(0, len(cand), CHUNK):
-            v = _price(inst, times, cand[lo : lo + CHUNK])
+        for cand in neighbour_chunks(order, CHUNK):
+            v = _price(inst, times, cand)
             k = int(v.argmin())
             if v[k] < value * (1 - 1e-12):
-                order, value, improved = cand[lo + k], float(v[k]), True
+                order, value, improved = cand[k], float(v[k]), True
                 break
             if time.process_time() > deadline:
                 break
