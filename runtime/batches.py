@@ -72,12 +72,17 @@ def form_batches(
 
 
 def local_ids(plan: Plan, rank: int) -> list[int]:
-    """Sequence ids this rank trains in `plan` (every micro-batch of every group holding it),
-    in execution order."""
+    """Sequence ids global rank `rank` trains in `plan` (every micro-batch of every group
+    holding its unit), in execution order. A plan rank is a unit: with tensor parallelism
+    GPU `u t + j` is TP rank j of unit u, and with a pipeline every stage's copy of unit u
+    reads u's micro-batches (docs/plan-format.md, the rank map)."""
+    unit = rank // plan.tensor_parallel
+    if plan.pipeline is not None:  # stage s holds units [s n, (s + 1) n) of the world
+        unit %= plan.num_ranks
     return [
         sid
         for _, g, _, mb in plan.micro_batches()
-        if g.start_rank <= rank < g.start_rank + g.degree
+        if g.start_rank <= unit < g.start_rank + g.degree
         for sid in mb.sequence_ids
     ]
 

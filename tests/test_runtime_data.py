@@ -97,6 +97,27 @@ def test_local_ids_follow_group_membership():
     assert [local_ids(plan, r) for r in range(4)] == [[2, 0, 3], [2, 0, 3], [1], []]
 
 
+def test_local_ids_are_the_units_under_tensor_and_pipeline_parallelism():
+    # a plan rank is a unit: GPU u t + j is TP rank j of unit u; with a pipeline, every
+    # stage's copy of unit u reads u's micro-batches (docs/plan-format.md, the rank map)
+    import dataclasses
+
+    from dcp_opt.plan import Pipeline
+
+    batch = Batch.from_lengths([4, 4, 4, 4])
+    cost = CostModel(SPEC, Cluster("cpu", 1, 4, 1e12, 1e12, 1e10, 1e10))
+    g = [Group(0, 2, (MicroBatch((2,)),)), Group(2, 1, (MicroBatch((1, 0)),)), Group(3, 1)]
+    plan = make_plan([g], batch, cost, planner="hand")
+    units = [[2], [2], [1, 0], []]
+    tp = dataclasses.replace(plan, tensor_parallel=2)  # 8 GPUs: 4 units of 2
+    assert [local_ids(tp, r) for r in range(8)] == [u for u in units for _ in (0, 1)]
+    pp = dataclasses.replace(plan, pipeline=Pipeline((1, 1)))  # 2 stages x 4 units
+    assert [local_ids(pp, r) for r in range(8)] == units + units
+    both = dataclasses.replace(pp, tensor_parallel=2)  # 2 stages x 4 units x TP 2
+    assert [local_ids(both, r) for r in range(16)] == [u for u in units for _ in (0, 1)] * 2
+    assert local_ids(plan, 5) == []  # a rank past a plain plan's ranks holds nothing
+
+
 def test_single_process_epoch_covers_every_sample_once():
     data = CountingDataset(LENGTHS)
     loader = DcpLoader(
