@@ -35,6 +35,13 @@ VERBS: list[tuple[str, list[str]]] = [
     ("plan --workload 1d-wlbllm", ["plan", "--workload", "1d-wlbllm", "--cluster", "h200x8",
                                    "--model", "llama-1b", "--tokens-per-gpu", "8192"]),
     ("show", ["show", "plan.json", *COMMON, "--out", "plan.png"]),
+    # a pipeline plan (solvers/pipeline: the wheel must ship window.py and steps.py), at a
+    # fixed layer split, then simulate reading its schema 3 or 4
+    ("plan --pp 2 --pp-layers", ["plan", "--workload", "1d-wlbllm", "--cluster", "h200x8",
+                                 "--model", "llama-1b", "--tokens-per-gpu", "8192", "--pp", "2",
+                                 "--pp-layers", "8,8", "--out", "pp.json"]),
+    ("simulate pp.json", ["simulate", "pp.json", "--workload", "1d-wlbllm", "--cluster",
+                          "h200x8", "--model", "llama-1b", "--tokens-per-gpu", "8192"]),
     # every planner on every standard workload, one batch each, on one node
     ("bench --batches 1", ["bench", "--batches", "1", "--cluster", "h200x8", "--no-progress",
                            "--tokens-per-gpu", "8192", "--time-limit", "0.5"]),

@@ -199,3 +199,29 @@ def test_pp2_x_sp2_x_tp2_on_eight_ranks_equals_single_process():
             assert worst <= TOL, (plan.pipeline.micro_steps, worst)
     finally:
         w.close()
+
+
+def job_unsplit(ctx, plan_json: str):
+    """A TP plan with tp on a model that apply_tensor_parallel never split: refused before
+    any collective, the model's parameters unchanged."""
+    plan = Plan.from_json(plan_json)
+    tp = groups(2, 2)
+    model, state = make_model(0), SPState()
+    parallelize(model, state, sync_weights=False)
+    stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    try:
+        execute_step(plan, LMTask(), stage, make_data(BATCH, 0), pool=ctx.pool, state=state,
+                     step=0, batch=BATCH, tp=tp)  # fmt: skip
+        out = "ran"
+    except ValueError as e:
+        out = str(e)
+    same = all(torch.equal(p, before[n]) and p.grad is None for n, p in model.named_parameters())
+    return out, same
+
+
+def test_a_model_not_split_for_the_plans_tensor_parallelism_is_refused(workers):
+    plan = cases()["pp2 x tp2 columns, 1f1b"]
+    for msg, same in workers.run(job_unsplit, plan.to_json()):
+        assert "model: its parameters are not split by tensor parallelism of degree 2" in msg
+        assert same

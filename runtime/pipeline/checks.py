@@ -39,6 +39,15 @@ def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
             "without tp, or tp=PipelineTPGroups.create(t, stages) and a model split by "
             "apply_tensor_parallel(model, tp) before build_stage"
         )
+    split = {getattr(q, "device_mesh", None) is not None for q in stage.parameters()}
+    if split != {tp is not None} or (tp is not None and any(
+            q.device_mesh.size() != t for q in stage.parameters())):  # fmt: skip
+        raise PipelinePlanError(
+            f"model: its parameters are {'not ' if tp is not None else ''}split by tensor "
+            f"parallelism{f' of degree {t}' if tp is not None else ''} but the plan's "
+            f"tensor_parallel is {t}; allowed: apply_tensor_parallel(model, tp) before "
+            "build_stage exactly when the plan has tensor_parallel > 1"
+        )
     if plan.num_ranks * p * t != world:
         raise PipelinePlanError(
             f"plan.num_ranks: {plan.num_ranks} units per stage x {p} stages x tensor_parallel "
