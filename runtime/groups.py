@@ -225,7 +225,7 @@ class TPGroups:
 
 
 @dataclass(frozen=True)
-class PipelineTPGroups:
+class PipelineTPGroups(TPGroups):
     """The process groups of a pipeline run with tensor parallelism (plan.pipeline set,
     plan.tensor_parallel = `degree` = t > 1): GPU `(s n + u) t + j` is TP rank j of unit u of
     stage s (docs/plan-format.md, the rank map; stages outermost, TP innermost).
@@ -237,15 +237,11 @@ class PipelineTPGroups:
     `(s n + a + i) t + j` for i < d (Ulysses between GPUs of equal TP rank, H / (t d) heads
     each). Every such group exists once per (s, a, d, j), created in one fixed order on every
     rank (stage, degree, start, TP rank ascending). `degree`, `mesh`, `unit`, `tp_rank`,
-    `dp_group`, `sp_handle` and `check_plan` answer as TPGroups' do, for this GPU's stage."""
+    `dp_group`, `sp_handle` and `check_plan` answer as TPGroups' do, for this GPU's stage:
+    `mesh` is ("pp", "dp", "tp"), `groups` keyed (stage, start unit, unit degree),
+    `num_units` a stage's."""
 
-    degree: int
-    num_stages: int
-    mesh: object  # torch DeviceMesh ("pp", "dp", "tp")
-    groups: dict  # (stage, start unit, unit degree) -> [handle for TP rank j]
-    rank: int
-    num_units: int  # per stage
-    degrees: tuple[int, ...]
+    num_stages: int = 1
 
     @property
     def stage(self) -> int:
@@ -254,15 +250,6 @@ class PipelineTPGroups:
     @property
     def unit(self) -> int:
         return (self.rank // self.degree) % self.num_units
-
-    @property
-    def tp_rank(self) -> int:
-        return self.rank % self.degree
-
-    @property
-    def dp_group(self):
-        """This stage's GPUs of this TP rank (its units): where its gradients are summed."""
-        return self.mesh.get_group("dp")
 
     @classmethod
     def create(cls, degree: int, num_stages: int, *, gpus_per_node: int | None = None,
@@ -303,7 +290,7 @@ class PipelineTPGroups:
                                        **kw) if d > 1 else None
                         for j in range(degree)
                     ]  # fmt: skip
-        return cls(degree, num_stages, mesh, groups, dist.get_rank(), n, units.allowed_degrees)
+        return cls(degree, mesh, groups, dist.get_rank(), n, units.allowed_degrees, num_stages)
 
     def sp_handle(self, start: int, degree: int):
         """The process group of plan group (start unit, degree) on this GPU's stage, for this
