@@ -15,6 +15,7 @@ import numpy as np
 from dcp_opt.batch import Batch
 from dcp_opt.cost import CostModel
 from dcp_opt.errors import DcpOptError
+from dcp_opt.pipeline.bound import recompute_gpu_seconds
 from dcp_opt.pipeline.makespan import column_makespan
 from dcp_opt.pipeline.stages import (
     StageLayout,
@@ -104,18 +105,13 @@ class Instance:
 
     def recompute_all(self, d: int) -> np.ndarray:
         """(S, p) the seconds each sequence's every layer recomputed adds on each stage at
-        degree d (stages.column_times: a layer's forward and its collectives once more),
-        less what it adds to an empty micro-batch."""
+        degree d, less what it adds to an empty micro-batch: bound.recompute_gpu_seconds's
+        one layer (GPU-seconds) x the stage's layers / d (a recomputed layer costs the same
+        forward and collectives each time, stages.column_times)."""
         if ("rec", d) not in self._memo:
-            lay = self.layout
-            p, V = lay.num_stages, lay.num_virtual
-            both = np.vstack([self.feats, np.zeros((1, self.feats.shape[1]))])
-            zero = np.zeros((len(both), p), dtype=int)
-            full = zero + np.array(lay.pipeline.stage_layers)
-            b0 = column_times(lay, both, d, 0, "ulysses", zero)[1]
-            b1 = column_times(lay, both, d, 0, "ulysses", full)[1]
-            extra = (b1 - b0).reshape(V // p, p, -1).sum(axis=0)  # (p, S + 1)
-            self._memo[("rec", d)] = np.maximum(extra[:, :-1] - extra[:, -1:], 0.0).T
+            one = recompute_gpu_seconds(self.layout, self.batch, [d])[0]  # (p, S)
+            layers = np.array(self.layout.pipeline.stage_layers, dtype=float)[:, None]
+            self._memo[("rec", d)] = (one * layers / d).T
         return self._memo[("rec", d)]
 
 
