@@ -53,7 +53,6 @@ from .window import (
     fewest,
     fits_alone,
     split_summary,
-    summary,
     token_caps,
     window_tokens,
 )
@@ -151,7 +150,7 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
     everything = np.arange(len(inst.ids))
     out = []
     for d in fit:
-        part = summary(inst, d, everything)
+        part = split_summary(inst, d, 0, 1)  # the whole batch, from the prefix sums
         for tokens in token_caps(inst, d, cap):
             least = -(-fewest(inst, everything, tokens) // (n // d))
             for m in sorted({*(c * p for c in COUNTS), least}):

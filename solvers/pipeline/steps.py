@@ -47,7 +47,6 @@ from .window import (
     fits_alone,
     split_summary,
     stage_room,
-    summary,
     token_caps,
     window_tokens,
 )
@@ -194,13 +193,11 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
     everything = np.arange(len(inst.tokens))
 
     def summ(d, side, t):  # a side of the split at t: the longest j or the rest
-        if side == 2:
-            return inst.memo(("steps", d), lambda: summary(inst, d, everything))
         return split_summary(inst, d, int((inst.tokens > t).sum()), side)
 
     out = []
     for hi in fit:
-        whole = summ(hi, 2, 0.0)
+        whole = split_summary(inst, hi, 0, 1)  # all but the 0 longest: the whole batch
         for t in token_caps(inst, hi, cap):
             out.append(_candidate(inst, ((hi, everything, t),), {hi: whole}))
         for lo in [d for d in degrees if n % d == 0 and hi // 8 <= d < hi]:
