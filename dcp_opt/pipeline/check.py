@@ -230,28 +230,10 @@ def _memory(layout: StageLayout, batch: Batch, g, where: str) -> list[tuple[str,
     return out
 
 
-# [((plan, batch, cost, pipeline), parts)]: validate, then simulate. One tuple, replaced
-# whole and read once, so a planner thread (runtime.data plans in the background) never
-# pairs one plan's key with another's parts.
-_LAST_PARTS: list = [((), None)]
-
-
 def micro_step_parts(layout, batch, plan) -> list:
     """Per phase k (micro-step k), [(group, f (V,), b (V,), x (V - 1,), stored (V,), work
     (V,))] of its groups that hold a micro-batch: stages.column_times and column_memory of
-    that micro-batch, the simulator's own prices (one call per group placement). The last
-    answer is kept for the same plan, batch and cost model (the objects themselves, frozen:
-    a planner validates, then simulates, the one plan)."""
-    key = (plan, batch, layout.cost, layout.pipeline)
-    last_key, last = _LAST_PARTS[0]
-    if len(last_key) == len(key) and all(a is b for a, b in zip(last_key, key, strict=True)):
-        return last
-    parts = _price_micro_steps(layout, batch, plan)
-    _LAST_PARTS[0] = (key, parts)
-    return parts
-
-
-def _price_micro_steps(layout, batch, plan) -> list:
+    that micro-batch, the simulator's own prices (one call per group placement)."""
     cost = layout.cost
     feats, row = cost.batch_features(batch), cost.batch_rows(batch)
     where: dict = {}  # (start, degree, kind) -> [(k, j, group)]
