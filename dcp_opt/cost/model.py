@@ -223,6 +223,15 @@ class CostModel(Features, Compute, Comm, Memory):
             found = self._cache[key] = make()
         return found
 
+    def recall(self, key):
+        """What `remember` last put under `key` on this cost model, or None (evicted, or never
+        kept). For answers that depend on more than (cost model, batch): the caller keeps what
+        it was computed from in the value and checks it."""
+        return self._cache.get(key)
+
+    def remember(self, key, value) -> None:
+        self._cache[key] = value
+
     def init_fields(self) -> dict:
         """Every field this cost model was built from, the memo excluded, with a sync volume
         left to the mode as None (so a copy built from them keeps following the mode)."""

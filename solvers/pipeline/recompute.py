@@ -15,29 +15,50 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from dcp_opt.pipeline.makespan import stage_walk, walk_peak
+from dcp_opt.pipeline.makespan import stage_walk
 
 from .instance import Column, Instance
 
 
-def _peak(walk, stored, work):
-    """(peak bytes, in-flight micro-batches at the peak) of one stage (makespan.walk_peak)."""
-    peak, i = walk_peak(walk, stored, work)
-    first_f, first_b = walk[3], walk[4]
-    return peak, np.flatnonzero((first_f <= i) & (first_b >= i)).tolist()
+def _peak(walk, stored: list, work: list):
+    """(peak bytes, in-flight micro-batches at the peak) of one stage: makespan.walk_peak's
+    running sum in the same order, on lists (a column holds tens of micro-batches, where a
+    Python loop beats a dozen numpy calls; fit_recompute asks once a round, hundreds of
+    rounds a draft). walk: `_lists` of makespan.stage_walk."""
+    sign, c, k, first_f, first_b = walk
+    if not sign:
+        return 0.0, []
+    held, best, at = 0.0, -math.inf, 0
+    for i, (forward, cc, kk) in enumerate(zip(sign, c, k, strict=True)):
+        v = stored[cc][kk]
+        if forward:
+            held += v
+            peak = held + work[cc][kk]
+        else:
+            held -= v
+            peak = held + v + work[cc][kk]
+        if peak > best:
+            best, at = peak, i
+    return best, [j for j, (f, b) in enumerate(zip(first_f, first_b, strict=True))
+                  if f <= at <= b]  # fmt: skip
+
+
+def _lists(walk) -> tuple:
+    sign, c, k, first_f, first_b = walk
+    return ((sign > 0).tolist(), c.tolist(), k.tolist(), first_f.tolist(), first_b.tolist())
 
 
 def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> bool:
     """Raise col.rec until every stage fits (the module docstring); False if it cannot.
-    Stored bytes are updated in place for the one micro-batch changed per round."""
+    Stored bytes are updated for the one micro-batch changed per round."""
     lay = inst.layout
     p, pipe = lay.num_stages, lay.pipeline
     co = lay.cost.coeffs
     layers = pipe.stage_layers
     stored, work, room = col.memory(inst)
-    walks = [stage_walk(pipe.schedule, p, len(col.mbs), pipe.virtual_stages, s) for s in range(p)]
+    walks = [_lists(stage_walk(pipe.schedule, p, len(col.mbs), pipe.virtual_stages, s))
+             for s in range(p)]  # fmt: skip
+    held, work = stored.tolist(), work.tolist()  # _peak's lists
     local = [float(inst.tokens[mb].sum()) / col.degree for mb in col.mbs]
     act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
     f = col.times(inst)[0]  # a recomputed layer costs about one layer's forward
@@ -47,7 +68,7 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
     for _ in range(max_rounds):
         over = None
         for s in todo:
-            peak, live = _peak(walks[s], stored, work)
+            peak, live = _peak(walks[s], held, work)
             if peak > room[s] * (1 - 1e-9):
                 over = (s, peak - room[s] * (1 - 1e-9), live)
                 break
@@ -66,5 +87,5 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
         for c in range(s, lay.num_virtual, p):
             n = lay.chunk_layers[c]
             r, left = min(left, n), left - min(left, n)
-            stored[c, k] = local[k] * ((n - r) * act + r * ckpt)
+            held[c][k] = local[k] * ((n - r) * act + r * ckpt)
     return False

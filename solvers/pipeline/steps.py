@@ -2,12 +2,13 @@
 docs/plan-format.md, schema 4). Megatron dev's dynamic CP runs this shape (groups re-formed
 every micro-step); here with the project's composition, recompute and order.
 
-Composition, two layouts. The sequences longer than the low degree lo's window
-(window.window_tokens) go to micro-steps of n / hi groups of degree hi (hi > lo; the longest
-sequence fits alone at hi), the rest to micro-steps of n / lo groups of degree lo: each
-sequence at the lower, cheaper degree where memory lets it. Each part is packed (compose.pack,
-LPT by seconds) into K (n / d) micro-batches of at most the part's token cap (pack opens more
-when a sequence fits none), then the micro-batches, sorted by seconds, are cut into
+Composition, two layouts. The sequences longer than a threshold t (one of lo's token caps,
+window.token_caps, up to its window) go to micro-steps of n / hi groups of degree hi (hi >
+lo; the longest sequence fits alone at hi), the rest to micro-steps of n / lo groups of
+degree lo: each sequence at the lower, cheaper degree where memory lets it. Each part is
+packed (compose.pack, LPT by seconds) into K (n / d) micro-batches of at most the part's
+token cap (pack opens more when a sequence fits none: a sequence over the cap gets a
+micro-batch of its own), then the micro-batches, sorted by seconds, are cut into
 micro-steps of n / d consecutive ones: a micro-step lasts as long as its slowest group, and
 the sum over micro-steps of their slowest is least when similar loads share one. lo = hi is
 one layout (a column plan of equal counts). Then the two lightest micro-steps of the low
@@ -31,6 +32,7 @@ plan's step time is simulate()'s exact lockstep finish.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -176,18 +178,24 @@ def best_order(inst: Instance, times) -> tuple[list[int], float]:
     return orders[k].tolist(), float(v[k])
 
 
-def improve(inst: Instance, drafted, times, value: float, deadline: float):
-    """Local search (order.local_search) on a draft's micro-step order until the deadline:
-    (value, micro-steps in the new order). Its recompute fits in any order."""
-    order, v = local_search(None, inst, times, range(len(drafted)), value, deadline)
+def improve(inst: Instance, drafted, times, value: float, deadline: float,
+            limit: float | None = None):  # fmt: skip
+    """Local search (order.local_search, with its deadline and limit) on a draft's
+    micro-step order: (value, micro-steps in the new order). Its recompute fits in any
+    order."""
+    order, v = local_search(None, inst, times, range(len(drafted)), value, deadline, limit)
     return v, [drafted[k] for k in order]
 
 
 def candidates(inst: Instance, degrees, cap: float) -> list:
     """(estimate, thunk) of each micro-step draft: each single degree d whose longest
     sequence fits alone, at each token cap of window.token_caps; and each pair lo < hi (hi / 8
-    <= lo), the sequences over lo's token cap on hi, at each pair of caps; every part with the
-    fewest micro-steps its cap allows."""
+    <= lo), the sequences over a threshold t (each of lo's caps) on hi, the rest on lo, at
+    each hi cap and each lo cap up to t; every part with the fewest micro-steps its cap
+    allows. The lo cap below the threshold is what the memory-bound rows need: on 70B p = 4
+    over 256 H200s (10 GB of room on stage 0) micro-batches of ~3K tokens at degree 8 with
+    the 12K-token documents alone in theirs recompute 4 of stage 0's 20 layers, where
+    micro-batches cut at the 12K threshold recompute 16 (26.1 s -> 25.4 s, session 11)."""
     n = inst.layout.num_units
     fit = [d for d in degrees if n % d == 0 and fits_alone(inst, d)]
     everything = np.arange(len(inst.tokens))
@@ -206,8 +214,9 @@ def candidates(inst: Instance, degrees, cap: float) -> list:
                 if not len(ids_hi) or not len(ids_lo):
                     continue
                 sums = {hi: summ(hi, 0, t_lo), lo: summ(lo, 1, t_lo)}
-                for t_hi in token_caps(inst, hi, cap):
-                    parts = ((hi, ids_hi, t_hi), (lo, ids_lo, t_lo))
+                for c_lo, t_hi in itertools.product(token_caps(inst, lo, t_lo),
+                                                    token_caps(inst, hi, cap)):  # fmt: skip
+                    parts = ((hi, ids_hi, t_hi), (lo, ids_lo, c_lo))
                     out.append(_candidate(inst, parts, sums))
     return out
 
@@ -246,7 +255,11 @@ def slowest_groups(parts, V: int) -> tuple:
 
 def to_phases(inst: Instance, steps) -> list[list[Group]]:
     """A draft's micro-steps as phases of Groups on one stage's units (aligned from unit 0)."""
-    ids = inst.ids
-    return [[Group(j * d, d, (MicroBatch(tuple(ids[i] for i in mb), int(r.sum()),
-                                         tuple(int(x) for x in r)),))
-             for j, (mb, r) in enumerate(st)] for d, st in steps]  # fmt: skip
+    ids = np.array(inst.ids, dtype=object)
+
+    def one(mb, r) -> MicroBatch:
+        rec = tuple(r.tolist())
+        return MicroBatch(tuple(ids[np.asarray(mb, dtype=int)].tolist()), sum(rec), rec)
+
+    return [[Group(j * d, d, (one(mb, r),)) for j, (mb, r) in enumerate(st)]
+            for d, st in steps]  # fmt: skip
