@@ -11,6 +11,7 @@ from dcp_opt.solvers.pipeline.plan import mixed_draft, stage_splits
 
 from dcp_opt import CostModel, cluster_preset, model_preset, simulate, validate
 from dcp_opt.pipeline.stages import stage_layout
+from dcp_opt.plan import Pipeline
 from dcp_opt.workloads import standard_batch
 
 COST = CostModel(model_preset("llama-7b"), cluster_preset("h200x32"))
@@ -153,3 +154,51 @@ def test_cli_pp_layers(tmp_path, capsys):
     assert json.loads(out.read_text())["pipeline"]["stage_layers"] == [7, 9, 9, 7]
     assert main(["plan", *common, "--pp-layers", "7,x"]) == 2
     assert "pp-layers: '7,x'" in capsys.readouterr().err
+
+
+def test_local_search_starts_no_chunk_it_cannot_finish_by_the_limit(monkeypatch):
+    """A limit already passed: the probe (order.PROBE rows) is priced to time a row, and no
+    chunk after it; the answer is still a permutation no worse than the start."""
+    import dcp_opt.solvers.pipeline.order as order_mod
+    from dcp_opt.solvers.pipeline.compose import columns
+
+    inst = _inst()
+    col = columns(inst, 8, pack(inst, 8, 24, 131072))[0]
+    times, start = col.times(inst), col.makespan(inst)
+    priced = []
+    real = order_mod._price
+    monkeypatch.setattr(order_mod, "_price", lambda i, t, o: priced.append(len(o)) or real(i, t, o))
+    got, v = local_search(col, inst, times, range(len(col.mbs)), start, float("inf"), limit=0.0)
+    assert priced == [order_mod.PROBE]
+    assert sorted(got) == list(range(len(col.mbs))) and v <= start
+    priced.clear()  # no limit: it prices on until no neighbour improves
+    local_search(col, inst, times, range(len(col.mbs)), start, float("inf"))
+    assert len(priced) > 1
+
+
+def test_past_the_deadline_a_form_is_drafted_only_within_the_margin():
+    """search: the form with the lower estimate first; past the deadline the other form's
+    first draft is made only if its best estimate is within FORM_MARGIN of the best value."""
+    from types import SimpleNamespace
+
+    from dcp_opt.solvers.pipeline.plan import FORM_MARGIN, search
+
+    def inst(micro_steps):
+        return SimpleNamespace(
+            layout=SimpleNamespace(pipeline=Pipeline((2, 2), micro_steps=micro_steps))
+        )
+
+    made = []
+
+    def thunk(name, value):
+        return lambda: made.append(name) or (value, name)
+
+    cols, ms = inst(False), inst(True)
+    for other, drafted in ((10.0 * (1 + FORM_MARGIN) * 1.01, False), (10.5, True)):
+        made.clear()
+        scored = [(9.0, ms, thunk("steps", 10.0)), (9.5, ms, thunk("steps2", 9.0)),
+                  (other, cols, thunk("cols", 8.0))]  # fmt: skip
+        best = search(scored, deadline=0.0)  # already past
+        assert made[0] == "steps"
+        assert ("cols" in made) == drafted
+        assert best[1] == ("cols" if drafted else "steps")

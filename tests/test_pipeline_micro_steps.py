@@ -177,6 +177,29 @@ def test_validate_refuses_two_micro_batches_in_a_micro_step_group_and_checks_uni
     assert validate(fixed, big, TIGHT) == []
 
 
+def test_validate_and_simulate_share_a_walk_only_for_the_same_plan_object():
+    """check.walked_micro_steps keeps its last answer on the cost model: a plan that fits,
+    then an equal-shaped one that does not (nothing recomputed), each judged as its own;
+    and a plan equal to the first but another object is priced afresh, alike."""
+    big = Batch([Sequence(0, (3072,)), Sequence(1, (256,))])
+    lay = stage_layout(TIGHT, Pipeline((8, 8), "1f1b", micro_steps=True))
+
+    def plan_with(rec):
+        return pipeline_plan([[Group(0, 2, (MicroBatch((1,), 0, (0, 0)),)), Group(2, 1, (
+            MicroBatch((0,), sum(rec), rec),)), Group(3, 1)]], big, lay, planner="t")  # fmt: skip
+
+    fits, over = plan_with((8, 8)), plan_with((0, 0))
+    for _ in range(2):  # the second round reads what the first kept
+        assert validate(fits, big, TIGHT) == []
+        low = simulate(fits, big, TIGHT).peak_memory_bytes.max()
+        assert any(v.code == "OUT_OF_MEMORY" for v in validate(over, big, TIGHT))
+        assert simulate(over, big, TIGHT).peak_memory_bytes.max() > low
+    twin = plan_with((8, 8))
+    assert twin == fits and twin is not fits
+    fresh = CostModel(model_preset("llama-1b"), TIGHT.cluster)
+    assert simulate(twin, big, TIGHT).step_time_s == simulate(fits, big, fresh).step_time_s
+
+
 def test_interleaved_micro_steps_are_refused():
     batch = Batch([Sequence(0, (512,))])
     lay = stage_layout(COST, Pipeline((8, 8), "interleaved", 2, micro_steps=True))
