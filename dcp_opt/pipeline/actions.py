@@ -25,6 +25,7 @@ walks and the runtime obeys by blocking on its receives.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import DcpOptError
@@ -40,6 +41,15 @@ class Action:
         return f"{self.kind}{self.micro_batch}" + (f".{self.chunk}" if self.chunk else "")
 
 
+@functools.cache
+def _action(kind: str, micro_batch: int, chunk: int = 0) -> Action:
+    """One Action object per (kind, micro-batch, chunk), shared by every schedule: the
+    simulators keep the schedules they walk (makespan.column_actions, cached), and with an
+    object per action each, 160,000 of them after the pipeline benchmark's rows made a full
+    collection of that process's heap take 50 ms (session 11). A few thousand are made."""
+    return Action(kind, micro_batch, chunk)
+
+
 def _check(num_stages: int, num_micro_batches: int, stage: int) -> None:
     if num_stages < 1:
         raise DcpOptError(f"num_stages: must be >= 1, got {num_stages}")
@@ -52,8 +62,8 @@ def _check(num_stages: int, num_micro_batches: int, stage: int) -> None:
 def gpipe_actions(num_stages: int, num_micro_batches: int, stage: int) -> tuple[Action, ...]:
     _check(num_stages, num_micro_batches, stage)
     m = num_micro_batches
-    return tuple(Action("F", k) for k in range(m)) + tuple(
-        Action("B", k) for k in reversed(range(m))
+    return tuple(_action("F", k) for k in range(m)) + tuple(
+        _action("B", k) for k in reversed(range(m))
     )
 
 
@@ -61,10 +71,10 @@ def one_f_one_b_actions(num_stages: int, num_micro_batches: int, stage: int) -> 
     _check(num_stages, num_micro_batches, stage)
     m = num_micro_batches
     warmup = min(num_stages - stage - 1, m)
-    out = [Action("F", k) for k in range(warmup)]
+    out = [_action("F", k) for k in range(warmup)]
     for k in range(m - warmup):  # steady state: one forward, then the oldest backward
-        out += [Action("F", warmup + k), Action("B", k)]
-    out += [Action("B", k) for k in range(m - warmup, m)]
+        out += [_action("F", warmup + k), _action("B", k)]
+    out += [_action("B", k) for k in range(m - warmup, m)]
     return tuple(out)
 
 
@@ -84,7 +94,7 @@ def interleaved_actions(
 
     def at(i: int, kind: str) -> Action:
         j = (i // p) % v
-        return Action(kind, (i // (p * v)) * p + i % p, j if kind == "F" else v - 1 - j)
+        return _action(kind, (i // (p * v)) * p + i % p, j if kind == "F" else v - 1 - j)
 
     warmup = total if m == p else min(2 * (p - stage - 1) + (v - 1) * p, total)
     out = [at(i, "F") for i in range(warmup)]
