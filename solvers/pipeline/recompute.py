@@ -15,37 +15,40 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from dcp_opt.pipeline.makespan import stage_walk
 
 from .instance import Column, Instance
 
 
-def _peak(walk, stored: list, work: list):
-    """(peak bytes, in-flight micro-batches at the peak) of one stage: makespan.walk_peak's
-    running sum in the same order, on lists (a column holds tens of micro-batches, where a
-    Python loop beats a dozen numpy calls; fit_recompute asks once a round, hundreds of
-    rounds a draft). walk: `_lists` of makespan.stage_walk."""
-    sign, c, k, first_f, first_b = walk
-    if not sign:
-        return 0.0, []
-    held, best, at = 0.0, -math.inf, 0
-    for i, (forward, cc, kk) in enumerate(zip(sign, c, k, strict=True)):
-        v = stored[cc][kk]
-        if forward:
-            held += v
-            peak = held + work[cc][kk]
-        else:
-            held -= v
-            peak = held + v + work[cc][kk]
-        if peak > best:
-            best, at = peak, i
-    return best, [j for j, (f, b) in enumerate(zip(first_f, first_b, strict=True))
-                  if f <= at <= b]  # fmt: skip
+class _Peaks:
+    """One stage's bytes held while each action of its walk runs (makespan.walk_peak's
+    array), kept up to date as recompute lowers a micro-batch's stored bytes: they count
+    from its forward to its backward on that chunk, so that span drops by the bytes saved.
+    fit_recompute asks for the top once a round, hundreds of rounds a draft (a new walk
+    each round cost 30 ms a draft at 256 GPUs)."""
 
+    def __init__(self, walk, stored: np.ndarray, work: np.ndarray):
+        sign, c, k, self.first_f, self.first_b = walk
+        vals = stored[c, k]
+        self.peaks = np.cumsum(sign * vals) + np.where(sign < 0, vals, 0.0) + work[c, k]
+        self.span = {}  # (c, k) -> [index of its forward, of its backward]
+        for i, key in enumerate(zip(c.tolist(), k.tolist(), strict=True)):
+            self.span.setdefault(key, []).append(i)
 
-def _lists(walk) -> tuple:
-    sign, c, k, first_f, first_b = walk
-    return ((sign > 0).tolist(), c.tolist(), k.tolist(), first_f.tolist(), first_b.tolist())
+    def top(self) -> tuple[float, list[int]]:
+        """(peak bytes, the micro-batches in flight at its first moment)."""
+        if not len(self.peaks):
+            return 0.0, []
+        i = int(np.argmax(self.peaks))
+        live = np.flatnonzero((self.first_f <= i) & (self.first_b >= i))
+        return float(self.peaks[i]), live.tolist()
+
+    def lower(self, c: int, k: int, saved: float) -> None:
+        if (c, k) in self.span:
+            f, b = self.span[(c, k)]
+            self.peaks[f : b + 1] -= saved
 
 
 def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> bool:
@@ -56,19 +59,19 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
     co = lay.cost.coeffs
     layers = pipe.stage_layers
     stored, work, room = col.memory(inst)
-    walks = [_lists(stage_walk(pipe.schedule, p, len(col.mbs), pipe.virtual_stages, s))
-             for s in range(p)]  # fmt: skip
-    held, work = stored.tolist(), work.tolist()  # _peak's lists
+    peaks = [_Peaks(stage_walk(pipe.schedule, p, len(col.mbs), pipe.virtual_stages, s),
+                    stored, work) for s in range(p)]  # fmt: skip
+    held = stored.tolist()
     local = [float(inst.tokens[mb].sum()) / col.degree for mb in col.mbs]
     act, ckpt = co.act_bytes_per_token_layer, co.ckpt_bytes_per_token_layer
     f = col.times(inst)[0]  # a recomputed layer costs about one layer's forward
-    per_layer = [[max(float(f[s::p, k].sum()) / layers[s], 1e-30) for k in range(len(col.mbs))]
-                 for s in range(p)]  # fmt: skip
+    per_stage = f.reshape(-1, p, f.shape[1]).sum(axis=0)  # chunk c on stage c % p
+    per_layer = np.maximum(per_stage / np.array(layers, dtype=float)[:, None], 1e-30).tolist()
     todo = list(range(p))
     for _ in range(max_rounds):
         over = None
         for s in todo:
-            peak, live = _peak(walks[s], held, work)
+            peak, live = peaks[s].top()
             if peak > room[s] * (1 - 1e-9):
                 over = (s, peak - room[s] * (1 - 1e-9), live)
                 break
@@ -87,5 +90,7 @@ def fit_recompute(col: Column, inst: Instance, *, max_rounds: int = 10_000) -> b
         for c in range(s, lay.num_virtual, p):
             n = lay.chunk_layers[c]
             r, left = min(left, n), left - min(left, n)
-            held[c][k] = local[k] * ((n - r) * act + r * ckpt)
+            new = local[k] * ((n - r) * act + r * ckpt)
+            peaks[s].lower(c, k, held[c][k] - new)
+            held[c][k] = new
     return False
