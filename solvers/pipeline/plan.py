@@ -60,14 +60,16 @@ from .window import (
 COUNTS = (1, 2, 4, 8)  # micro-batches per column, in multiples of p
 SEARCH_SHARE, LOCAL_SHARE = 0.35, 0.5  # of time_limit_s: drafting stops, local search stops
 TAIL_SHARE = 0.3  # of time_limit_s: no local-search chunk is started that would end inside
-# it at its measured pace (validate, simulate and bound of a 1,000-group plan: ~30 ms)
+# it at its measured pace, and a draft made past the search's deadline is given up in it
+# (validate, simulate and bound of a 1,000-group plan: ~30 ms)
 FORM_MARGIN = 0.15  # past the deadline, a form not yet drafted is drafted if its estimate is
 # within this of the best value found (search)
 
 
-def draft(inst: Instance, d: int, m: int, max_tokens: float):
-    """(slowest makespan, columns) of one (degree, count) choice, or None if it does not fit.
-    m = 0: the consecutive cuts of the length-sorted batch (compose.consecutive)."""
+def draft(inst: Instance, d: int, m: int, max_tokens: float, limit: float | None = None):
+    """(slowest makespan, columns) of one (degree, count) choice, or None if it does not fit
+    (or is given up at `limit`: `priced`). m = 0: the consecutive cuts of the length-sorted
+    batch (compose.consecutive)."""
     lay = inst.layout
     ncol = lay.num_units // d
     if m:
@@ -77,16 +79,16 @@ def draft(inst: Instance, d: int, m: int, max_tokens: float):
     interleaved = lay.pipeline.schedule == "interleaved"
     if interleaved and len(mbs) % (ncol * lay.num_stages):
         return None
-    return priced(inst, columns(inst, d, mbs, equal_counts=interleaved))
+    return priced(inst, columns(inst, d, mbs, equal_counts=interleaved), limit)
 
 
 def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: float,
-                lo_cap: float | None = None):  # fmt: skip
+                lo_cap: float | None = None, limit: float | None = None):  # fmt: skip
     """Columns of degree hi on the first units_hi units for the long sequences, of degree lo
     on the rest (compose.split_by_degree, which sends every sequence over the lo window to
     hi), each part packed (LPT) into m micro-batches per column, of at most `cap` tokens
     (hi) and `lo_cap` (lo; default its window), and priced; m = 0: each part's fewest
-    micro-batches at its cap."""
+    micro-batches at its cap. limit: `priced`'s."""
     n = inst.layout.num_units
     lo_tokens = min(cap, window_tokens(inst, lo))
     ids_hi, ids_lo = split_by_degree(inst, hi, lo, lo_tokens, units_hi)
@@ -100,14 +102,18 @@ def mixed_draft(inst: Instance, hi: int, lo: int, units_hi: int, m: int, cap: fl
         k = ncol * m if m else fewest(inst, ids, tokens)
         mbs = pack(inst, d, min(k, len(ids)), tokens, ids)
         cols += columns(inst, d, mbs, start=start, units=units)
-    return priced(inst, cols)
+    return priced(inst, cols, limit)
 
 
-def priced(inst: Instance, cols: list):
+def priced(inst: Instance, cols: list, limit: float | None = None):
     """(slowest makespan, [(makespan, column)]) with each column's best named order and
-    its recompute fitted, or None if a column does not fit."""
+    its recompute fitted, or None if a column does not fit, or if the CPU clock passes
+    `limit` (a draft made past the search's deadline is given up between two columns
+    rather than overrun the budget: 40 ms a column draft at 256 GPUs x 1,300 documents)."""
     out, worst = [], 0.0
     for col in cols:
+        if limit is not None and time.process_time() > limit:
+            return None
         order, _ = best_named(col, inst, col.times(inst))
         col = apply_order(col, order)
         if not fit_recompute(col, inst):
@@ -118,7 +124,7 @@ def priced(inst: Instance, cols: list):
     return worst, out
 
 
-def search(scored: list, deadline: float):
+def search(scored: list, deadline: float, limit: float | None = None):
     """The best draft of `scored` [(estimate, instance, thunk)]: each form's (columns,
     micro-steps) drafted in the order of its estimates, the next draft from the form that
     has had the less time so far (the one with the lower best estimate first; their
@@ -126,8 +132,9 @@ def search(scored: list, deadline: float):
     Past the deadline, once one draft fits, it stops, but first drafts each form not yet
     drafted whose best estimate is within FORM_MARGIN of the best draft's value (cross-form
     estimates were off by up to 13 % on the benchmark's rows; a form estimated further off
-    than that is not worth its draft: a column draft costs 30 ms at 256 GPUs). (value,
-    drafted, [micro-steps' times,] instance) or None."""
+    than that is not worth its draft: a column draft costs 30 ms at 256 GPUs); such a draft
+    is given up at `limit` (its thunk's `limit`). (value, drafted, [micro-steps' times,]
+    instance) or None."""
     queues = [sorted((c for c in scored if c[1].layout.pipeline.micro_steps == f),
                      key=lambda c: c[0]) for f in (False, True)]  # fmt: skip
     queues = sorted((collections.deque(q) for q in queues if q), key=lambda q: q[0][0])
@@ -137,7 +144,8 @@ def search(scored: list, deadline: float):
         i = min((j for j, q in enumerate(queues) if q), key=lambda j: spent[j])
         _, inst, make = queues[i].popleft()
         t = time.process_time()
-        got = make()
+        late = best is not None and t > deadline  # only a form still worth one is drafted
+        got = make(limit=limit) if late else make()
         spent[i] += time.process_time() - t
         tried.add(i)
         if got is not None and (best is None or got[0] < best[0]):
@@ -271,7 +279,7 @@ def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, 
         if micro_steps and virtual_stages == 1 and schedule in ("1f1b", "gpipe"):
             ms = here.sibling(stage_layout(cost, Pipeline(layers, schedule, 1, True)))
             scored += [(est, ms, make) for est, make in steps.candidates(ms, degrees, cap)]
-    best = search(scored, search_end)
+    best = search(scored, search_end, cpu + (1 - TAIL_SHARE) * time_limit_s)
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "

@@ -125,11 +125,13 @@ def working_set(inst: Instance, d: int, tokens: np.ndarray) -> np.ndarray:
     return float(np.max(tokens, initial=0.0)) / d * per_token
 
 
-def draft(inst: Instance, parts: tuple):
+def draft(inst: Instance, parts: tuple, limit: float | None = None):
     """parts: ((d, ids, token cap, k), ...) each composed into micro-steps; then recompute
     and the best named order (the module docstring; `improve` searches further). (upper
     bound of the finish, [(d, [(mb, rec)])] in order, their (F, B, X)) or None when a
-    micro-batch cannot fit its share."""
+    micro-batch cannot fit its share. limit: the search's, unused (this draft is a few
+    array passes, 12-17 ms at 256 GPUs: not worth interrupting)."""
+    del limit
     steps = [(d, st) for d, ids, tokens, k in parts if len(ids)
              for st in compose(inst, d, ids, tokens, k)]  # fmt: skip
     if not steps:
