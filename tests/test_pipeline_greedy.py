@@ -178,7 +178,8 @@ def test_local_search_starts_no_chunk_it_cannot_finish_by_the_limit(monkeypatch)
 
 def test_past_the_deadline_a_form_is_drafted_only_within_the_margin():
     """search: the form with the lower estimate first; past the deadline the other form's
-    first draft is made only if its best estimate is within FORM_MARGIN of the best value."""
+    first draft is made only if its best estimate is within FORM_MARGIN of the best value,
+    and with the limit at which it is given up."""
     from types import SimpleNamespace
 
     from dcp_opt.solvers.pipeline.plan import FORM_MARGIN, search
@@ -190,15 +191,34 @@ def test_past_the_deadline_a_form_is_drafted_only_within_the_margin():
 
     made = []
 
+    limits = {}
+
     def thunk(name, value):
-        return lambda: made.append(name) or (value, name)
+        def make(limit=None):
+            made.append(name)
+            limits[name] = limit
+            return value, name
+
+        return make
 
     cols, ms = inst(False), inst(True)
     for other, drafted in ((10.0 * (1 + FORM_MARGIN) * 1.01, False), (10.5, True)):
         made.clear()
         scored = [(9.0, ms, thunk("steps", 10.0)), (9.5, ms, thunk("steps2", 9.0)),
                   (other, cols, thunk("cols", 8.0))]  # fmt: skip
-        best = search(scored, deadline=0.0)  # already past
-        assert made[0] == "steps"
+        best = search(scored, deadline=0.0, limit=1.5)  # already past
+        assert made[0] == "steps" and limits["steps"] is None  # the first draft runs whole
         assert ("cols" in made) == drafted
+        assert not drafted or limits["cols"] == 1.5  # a late draft is given up at the limit
         assert best[1] == ("cols" if drafted else "steps")
+
+
+def test_a_column_draft_is_given_up_past_its_limit_and_whole_without_one():
+    from dcp_opt.solvers.pipeline.compose import columns
+    from dcp_opt.solvers.pipeline.plan import priced
+
+    inst = _inst()
+    cols = columns(inst, 8, pack(inst, 8, 24, 131072))
+    assert priced(inst, cols, limit=0.0) is None  # the CPU clock is past 0 s
+    worst, out = priced(inst, cols)
+    assert len(out) == len(cols) and worst == max(v for v, _ in out)
