@@ -11,6 +11,12 @@
   else drives a plan or a step: batches are a function of (seed, epoch); task randomness is
   seeded by (step, sequence id) (tasks.seeded_generator); planners are deterministic given
   their options, and a plan never changes the gradient.
+- A pipeline run passes each rank's stage (build_stage's) as `model`: it is saved and loaded
+  as `pipeline.global_view(stage)`, its parameters under the whole model's names, and the
+  optimizer state keyed per parameter name (`flatten_optimizer_state_dict`), so the stages
+  write one checkpoint of the whole model and each reads back its own names, under any split
+  or world, or into the unsplit model (docs/integration.md, "Checkpoints of a pipeline
+  run"; tests/test_pipeline_checkpoint.py).
 - Layout: D/step-00000012/ holds DCP's files (.metadata, __<rank>_<i>.distcp) and
   dcp_opt.json (the manifest: step, world size, model tensor names / shapes / dtypes, the
   optimizer class, the loader state, extra, and every file's size and CRC32). D/latest names
@@ -48,6 +54,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -94,18 +101,35 @@ class CheckpointInfo:
         return self.manifest["extra"]
 
 
-def refuse_pipeline_models(model) -> None:
-    """A pipeline run's model (a stage, or a model split into stages) is refused before any
-    collective, on every rank alike: each rank updates only its own stage's parameters, so a
-    checkpoint written from its model copy would hold stale weights for the other stages
-    (and a stage's own names collide across stages). Not built yet."""
-    from .pipeline.stages import is_staged
+def checkpointed(model):
+    """(what to save or load for `model`, whether it is a pipeline stage). A stage of a
+    pipeline run (build_stage's) is saved as `global_view(stage)`: its parameters under the
+    whole model's names, so the stages together write one checkpoint of the model and each
+    reads back its own names under any split (docs/integration.md, "Checkpoints of a
+    pipeline run"). A model split by build_stage is refused: each rank updates only its own
+    stage, so the rest of its copy is stale. Checked before any collective, alike on every
+    rank; `_agree_on_stages` then checks that every rank passed a stage, or none."""
+    from .pipeline.stages import PipelineStage, global_view, is_staged
 
+    if isinstance(model, PipelineStage):
+        return global_view(model), True
     if is_staged(model):
         raise DcpOptError(
-            f"model: {type(model).__name__} of a pipeline run (split by build_stage); "
-            "checkpoints of pipeline runs are not built (each stage's parameters live on its "
-            "own ranks); allowed: a model trained without a pipeline"
+            f"model: {type(model).__name__} split into pipeline stages by build_stage; its "
+            "other stages' weights are stale on this rank; allowed: this rank's stage (what "
+            "build_stage returned), or a model trained without a pipeline"
+        )
+    return model, False
+
+
+def _agree_on_stages(staged: bool) -> None:
+    """Every rank saves or loads a pipeline stage, or none does (a pipeline run gathers the
+    tensor names of every stage: a rank that skipped that collective would leave the others
+    waiting in it)."""
+    if _rank_world()[1] > 1 and len(set(all_gather_json(staged))) > 1:
+        raise DcpOptError(
+            "model: a pipeline stage on some ranks and a whole model on others; allowed: "
+            "every rank's stage (a pipeline run) or every rank's model"
         )
 
 
@@ -125,8 +149,9 @@ def save(
     torch DataLoader whose batch_sampler is one; `extra`: JSON-serialisable. `keep`: the
     highest steps kept. A `step` below the folder's newest is refused unless `new_history`:
     then this save starts a new history and the checkpoints above `step` are deleted once it
-    is published. Returns the folder."""
-    refuse_pipeline_models(model)
+    is published. A pipeline run passes each rank's stage as `model` (its optimizer over the
+    stage's parameters). Returns the folder."""
+    model, staged = checkpointed(model)
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise DcpOptError(f"step: {step!r} not allowed; allowed: an int >= 0")
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
@@ -142,10 +167,11 @@ def save(
             raise DcpOptError(f"{what}: not JSON-serialisable ({e})") from None
     root, name = Path(directory), f"step-{step:08d}"
     tmp, final = root / f".tmp-{name}", root / name
+    _agree_on_stages(staged)
     _agree_on(f"checkpoint {root}", None if new_history else history_error(root, step))
     rank, world = _rank_world()
     fresh = optimizer is not None and not optimizer.state
-    state = _state(model, optimizer)
+    state = _state(model, optimizer, flat=staged)
     if fresh:  # get_state_dict made Adam-like state with a zero step: keep the run's own
         optimizer.state.clear()
     if rank == 0:
@@ -157,6 +183,9 @@ def save(
         dcp.save(state, checkpoint_id=str(tmp), no_dist=world == 1)
     _barrier()
     files = _gather(file_sums(tmp, rank, world))
+    tensors = _tensors(state["model"])
+    if staged:  # each rank holds its stage's names: the manifest lists the whole model's
+        tensors = _gather(tensors)
     if rank == 0:
         manifest = {
             "format": FORMAT,
@@ -164,9 +193,10 @@ def save(
             "step": step,
             "world_size": world,
             "saved_unix_s": round(time.time(), 3),
-            "model": _tensors(state["model"]),
+            "model": tensors,
             "optimizer": None if optimizer is None else type(optimizer).__name__,
             "optimizer_state_empty": fresh,
+            "optimizer_flat": staged,
             "loader": loader_state,
             "extra": extra,
             "files": files,
@@ -182,8 +212,10 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     """Restore the newest complete checkpoint in `directory` (or the folder `path`) into
     `model`, `optimizer` and `loader`; returns the step it was saved at (the number of steps
     done). Collective. Any world size: the loader replans the epoch's remaining batches for
-    its own cost model. Raises DcpOptError, with nothing changed, on a mismatch."""
-    refuse_pipeline_models(model)
+    its own cost model. Raises DcpOptError, with nothing changed, on a mismatch. A pipeline
+    stage reads its own names only: any split, any world, or a checkpoint written without a
+    pipeline."""
+    model, staged = checkpointed(model)
     stateful = None if loader is None else stateful_loader(loader)
     info = read(path) if path is not None else latest(directory)
     if info is None:
@@ -192,8 +224,9 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
             " and no step-* folder with a manifest)"
         )
     where = f"checkpoint {info.path}"
+    _agree_on_stages(staged)
     _agree_on(where, check_files(info.path, info.manifest, *_rank_world()))
-    _agree_on(where, _check_model(info.manifest, model, optimizer))
+    _agree_on(where, _check_model(info.manifest, model, optimizer, stage=staged))
     _agree_on(where, metadata_error(info.path))
     saved_loader = info.manifest["loader"]
     if stateful is not None and saved_loader is None:
@@ -202,7 +235,8 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
     try:
         if stateful is not None:
             stateful.load_state_dict(saved_loader)  # checks before it changes anything
-        state = _state(model, optimizer)
+        flat = info.manifest.get("optimizer_flat", False)
+        state = _state(model, optimizer, flat=flat)
         world = _rank_world()[1]
         with _one_process(world):
             dcp.load(
@@ -216,8 +250,9 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
             set_model_state_dict(model, state["model"])
         else:
             set_state_dict(
-                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-            )
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                options=StateDictOptions(flatten_optimizer_state_dict=flat),
+            )  # fmt: skip
             if info.manifest["optimizer_state_empty"]:
                 optimizer.state.clear()
     except Exception as e:
@@ -331,10 +366,15 @@ def stateful_loader(loader):
 
 
 # ---- state dicts ----------------------------------------------------------------------------
-def _state(model, optimizer) -> dict:
+def _state(model, optimizer, *, flat: bool = False) -> dict:
+    """flat: the optimizer state keyed per parameter name (`state.<name>.<key>`,
+    `param_groups.<name>.<key>`), as a pipeline run saves it: nested, its `param_groups`
+    list is one object under one key, which DCP writes from one rank only, and the stages'
+    groups differ (a stage that read another's groups lost its hyperparameters)."""
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd}
 
 
@@ -347,9 +387,11 @@ def _tensors(model_sd: dict) -> dict:
     }
 
 
-def _check_model(manifest: dict, model, optimizer) -> str | None:
+def _check_model(manifest: dict, model, optimizer, *, stage: bool = False) -> str | None:
+    """stage: `model` is a pipeline stage's view, which reads its own names only (the
+    checkpoint's other names are the other stages')."""
     saved, here = manifest["model"], _tensors(get_model_state_dict(model))
-    missing = sorted(set(saved) - set(here))
+    missing = [] if stage else sorted(set(saved) - set(here))
     unknown = sorted(set(here) - set(saved))
     differ = [
         f"{k}: {tuple(saved[k]['shape'])} {saved[k]['dtype']} in the checkpoint, "

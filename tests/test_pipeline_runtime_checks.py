@@ -116,19 +116,18 @@ def test_groups_tasks_and_sharding_are_checked():
         check_task(LMTask(), object())
 
 
-def test_checkpoints_of_a_pipeline_run_are_refused_before_anything(tmp_path):
+def test_a_split_model_is_refused_by_checkpoints_before_anything(tmp_path):
     # each rank updates only its stage: a checkpoint of its model copy would hold stale
-    # weights for the other stages; refused (no collective, nothing written)
+    # weights for the other stages; refused (no collective, nothing written): pass the stage
     import dcp_opt.runtime.checkpoint as checkpoint
 
     from dcp_opt.errors import DcpOptError
 
     model = make_model(0)
     parallelize(model, SPState(), sync_weights=False)
-    stage = build_stage(model, (2, 2), 0)
-    for m in (model, stage):
-        with pytest.raises(DcpOptError, match="pipeline run .*not built"):
-            checkpoint.save(tmp_path, model=m, step=1)
-        with pytest.raises(DcpOptError, match="pipeline run .*not built"):
-            checkpoint.load(tmp_path, model=m)
+    build_stage(model, (2, 2), 0)
+    with pytest.raises(DcpOptError, match="split into pipeline stages.*allowed: this rank's stage"):
+        checkpoint.save(tmp_path, model=model, step=1)
+    with pytest.raises(DcpOptError, match="split into pipeline stages.*allowed: this rank's stage"):
+        checkpoint.load(tmp_path, model=model)
     assert list(tmp_path.iterdir()) == []

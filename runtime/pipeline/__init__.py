@@ -12,7 +12,7 @@ the plan's SP groups inside every stage.
 from .checks import PipelinePlanError, check_stage_recompute
 from .executor import ActionTime, PipelineStepReport, execute_pipeline_step
 from .p2p import Channel
-from .stages import PipelineStage, StageSplitError, build_stage, model_layers
+from .stages import PipelineStage, StageSplitError, build_stage, global_view, model_layers
 
 __all__ = [
     "ActionTime",
@@ -24,5 +24,6 @@ __all__ = [
     "build_stage",
     "check_stage_recompute",
     "execute_pipeline_step",
+    "global_view",
     "model_layers",
 ]

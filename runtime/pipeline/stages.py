@@ -129,6 +129,31 @@ class HFLlamaStage(PipelineStage):
         return weighted_loss(self.lm_head(self.norm(h))[0], part)
 
 
+def global_view(stage: PipelineStage) -> nn.Module:
+    """A module tree with the whole model's paths holding only this stage's parameters and
+    persistent buffers (the same objects): its state dict names them as the model's does,
+    so the stages of a run write one checkpoint of the whole model and read theirs back by
+    name under any split (runtime/checkpoint.py; docs/integration.md, "Checkpoints of a
+    pipeline run"). An optimizer over `stage.parameters()` holds exactly the view's
+    parameters."""
+    mine = {id(t) for t in (*stage.parameters(), *stage.buffers())}
+    view = nn.Module()
+    for name, t in stage.model.state_dict(keep_vars=True).items():
+        if id(t) not in mine:
+            continue
+        *path, leaf = name.split(".")
+        at = view
+        for part in path:
+            if part not in at._modules:
+                at.add_module(part, nn.Module())
+            at = at._modules[part]
+        if isinstance(t, nn.Parameter):
+            at.register_parameter(leaf, t)
+        else:
+            at.register_buffer(leaf, t)
+    return view
+
+
 def model_layers(model: nn.Module) -> int:
     """How many decoder layers the model splits into (refusing models it cannot split)."""
     return len(_split_kind(model)[1])
