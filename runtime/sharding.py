@@ -21,6 +21,7 @@ groups may run any number of micro-batches and ranks may be idle:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -134,6 +135,9 @@ class Sharding:
     # ZeRO-3 per layer (Plan.shard_domain): 0 is the step-level schedule above; s > 0 shards
     # over aligned blocks of s ranks and gathers each unit per micro-step (docs/architecture.md).
     shard_domain: int = 0
+    # The closing micro-step, when not the task's one-token sample through the model: a
+    # pipeline stage's own pass (runtime/pipeline/stages.py empty_pass), called with `state`.
+    closing: Callable | None = None
 
     def check_plan(self, plan, model: nn.Module | None = None) -> None:
         """Fail (on every rank alike: they hold the same plan) if the plan was made for
@@ -201,6 +205,9 @@ class Sharding:
     def empty_micro_step(self, task, state: SPState, *, step: int, kind: str) -> None:
         """One token through every unit, loss x 0 (its gradient is exactly zero), SP degree
         1: it takes part in every per-unit gather and reduce-scatter and changes nothing."""
+        if self.closing is not None:
+            self.closing(state)
+            return
         state.sp, state.recompute_layers = SPGroup.single(), 0
         task.run(self.model, [(-1, self.sample)], state, step=step, kind=kind, scale=0.0)
 
@@ -289,6 +296,7 @@ def shard(
     aligned blocks of that many ranks; under `tp` that many units (HSDP + TP: each GPU holds
     1 / s of its TP shard, replicated across the units / s domains; `_tp_mesh`)."""
     _check_inputs(model, make_optimizer, mode, dtype)
+    stage = _stage_of(model, mode, tp, shard_domain)
     if tp is not None and mode not in TP_MODES:
         raise DcpOptError(
             f"mode: {mode!r} with tensor parallelism not built; allowed: {list(TP_MODES)} (or "
@@ -296,13 +304,16 @@ def shard(
         )
     world = dist.get_world_size() if dist.is_initialized() else 1
     _check_domain(shard_domain, mode, world if tp is None else tp.num_units, tp)
-    sample = closing_sample(task, model)
+    sample = None if stage else closing_sample(task, model)
     if not isinstance(pool, GroupPool):
         raise DcpOptError(
             f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
             "GroupPool.create() after torch.distributed.init_process_group"
         )
     mesh = _mesh(mode, pool, shard_domain) if tp is None else _tp_mesh(tp, shard_domain)
+    if stage:  # a pipeline stage: over the stage's ranks (its units), rank // n its stage
+        n = dist.get_world_size() // model.num_stages
+        mesh = DeviceMesh.from_group(pool.get(model.stage * n, n), mesh.device_type)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
@@ -319,7 +330,28 @@ def shard(
     optimizer = make_optimizer(model.parameters())
     out = Sharding(mode, model, optimizer, units, sample, dtype, shard_domain=shard_domain)
     out.loss_group = None if tp is None else tp.dp_group
+    if stage:
+        from .pipeline.stages import empty_pass
+
+        out.closing = functools.partial(empty_pass, model)
     return out
+
+
+def _stage_of(model: nn.Module, mode: str, tp, shard_domain: int) -> bool:
+    """Whether `model` is a pipeline stage (build_stage's), and if so that this sharding is
+    built for stages: step-level zero1 / zero2 / zero3 over the stage's ranks (a `none`
+    replica's world all-reduce and per-layer domains would cross stages; TP not built)."""
+    from .pipeline.stages import PipelineStage
+
+    if not isinstance(model, PipelineStage):
+        return False
+    if mode not in TP_MODES or tp is not None or shard_domain:
+        raise DcpOptError(
+            f"model: a pipeline stage with mode {mode!r}, shard_domain {shard_domain}"
+            f"{', tp' if tp is not None else ''}; allowed: mode 'zero1', 'zero2' or 'zero3' "
+            "with shard_domain 0 and no tp (the step-level schedule over the stage's ranks)"
+        )
+    return True
 
 
 def _all_reduce_grads(model: nn.Module, bucket_bytes: int = 25 * 2**20) -> None:

@@ -112,7 +112,7 @@ def test_groups_tasks_and_sharding_are_checked():
     check_task(LMTask(), None)
     with pytest.raises(PipelinePlanError, match="DiffusionTask cannot run under a pipeline"):
         check_task(DiffusionTask(), None)
-    with pytest.raises(PipelinePlanError, match="sharding: not composed"):
+    with pytest.raises(PipelinePlanError, match="sharding: not built for this rank's stage"):
         check_task(LMTask(), object())
 
 

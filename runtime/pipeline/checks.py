@@ -21,10 +21,12 @@ class PipelinePlanError(DcpOptError):
 
 
 def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
-                        tp=None) -> None:  # fmt: skip
+                        tp=None, sharded: bool = False) -> None:  # fmt: skip
     """The job's layout: world = stages x units x tensor_parallel, the stage built for this
     plan's split and for `rank`'s stage, a schedule this runtime runs, `tp` (a
-    runtime.groups.PipelineTPGroups) exactly when the plan has tensor parallelism."""
+    runtime.groups.PipelineTPGroups) exactly when the plan has tensor parallelism.
+    sharded: the stage is FSDP2's (check_task: without tp), whose DTensor parameters are
+    its shards, not a tensor-parallel split."""
     pipe = plan.pipeline
     p, t = pipe.num_stages, plan.tensor_parallel
     if not isinstance(stage, PipelineStage):
@@ -39,7 +41,8 @@ def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
             "without tp, or tp=PipelineTPGroups.create(t, stages) and a model split by "
             "apply_tensor_parallel(model, tp) before build_stage"
         )
-    split = {getattr(q, "device_mesh", None) is not None for q in stage.parameters()}
+    split = {getattr(q, "device_mesh", None) is not None and not sharded
+             for q in stage.parameters()}  # fmt: skip
     if split != {tp is not None} or (tp is not None and any(
             q.device_mesh.size() != t for q in stage.parameters())):  # fmt: skip
         raise PipelinePlanError(
@@ -111,15 +114,25 @@ def check_groups(plan: Plan, pool) -> None:
             )
 
 
-def check_task(task, sharding) -> None:
+def check_task(task, sharding, stage=None, tp=None) -> None:
+    """The task, and a sharding: one `shard(stage, ...)` built for this very stage
+    (step-level zero1 / zero2 / zero3 over the stage's ranks), without tensor parallelism."""
     if type(task).__name__ not in TASKS:
         raise PipelinePlanError(
             f"task: {type(task).__name__} cannot run under a pipeline; allowed: {list(TASKS)}"
         )
-    if sharding is not None:
+    if sharding is None:
+        return
+    allowed = (
+        "allowed: shard(stage, make_optimizer, mode='zero1' | 'zero2' | 'zero3', pool=pool, "
+        "task=task) of this rank's stage, or None (plain replicas, gradients summed over each "
+        "stage's ranks)"
+    )
+    if getattr(sharding, "model", None) is not stage or stage is None:
+        raise PipelinePlanError(f"sharding: not built for this rank's stage; {allowed}")
+    if tp is not None:
         raise PipelinePlanError(
-            "sharding: not composed with a pipeline yet; allowed: None (plain replicas, "
-            "gradients summed over each stage's ranks)"
+            f"sharding: with tensor parallelism inside the stages not built yet; {allowed}"
         )
 
 

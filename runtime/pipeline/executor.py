@@ -125,8 +125,8 @@ def execute_pipeline_step(
     the plans."""
     t_check = time.perf_counter()
     world, rank = dist.get_world_size(), dist.get_rank()
-    check_task(task, sharding)
-    check_pipeline_plan(plan, world, rank, stage, tp)
+    check_task(task, sharding, stage, tp)
+    check_pipeline_plan(plan, world, rank, stage, tp, sharded=sharding is not None)
     content_hash = plan.content_hash()
     check_plan_once(
         plan,
@@ -151,6 +151,9 @@ def execute_pipeline_step(
         torch.zeros((), dtype=torch.float64, device=param.device), [], tp,
     )  # fmt: skip
     started = time.perf_counter()
+    if sharding is not None:
+        sharding.check_plan(plan, stage)
+        sharding.begin_step()  # the stage's parameters gathered once, over its ranks
     if plan.pipeline.micro_steps:
         _run_micro_steps(run, step)
     else:
@@ -158,7 +161,11 @@ def execute_pipeline_step(
             _run_phase(run, p, step)
     run.channel.finish()
     t_sync = time.perf_counter()
-    total = _reduce(run)
+    if sharding is None:
+        total = _reduce(run)
+    else:  # reduce-scatter over the stage's ranks, optimizer step, loss over the world
+        kind = plan.normalizer_kind
+        total = sharding.finish_step(task, state, step=step, kind=kind, loss=run.loss)
     _sync()
     end = time.perf_counter()
     state.sp, state.recompute_layers, state.kind = SPGroup.single(), 0, "ulysses"

@@ -129,6 +129,29 @@ class HFLlamaStage(PipelineStage):
         return weighted_loss(self.lm_head(self.norm(h))[0], part)
 
 
+def empty_pass(stage: PipelineStage, state) -> None:
+    """One token through the stage alone, its output x 0 backward: every parameter's
+    gradient gets an exact zero, so each FSDP unit of the stage runs its reduce-scatter once
+    (runtime/sharding.py's closing micro-step, per stage: no transfer, since the other
+    stages' passes are not needed for a zero). SP degree 1, nothing recomputed."""
+    from ..cp import shard_for_group
+    from ..sp import SPGroup
+    from ..tasks import LMTask
+
+    state.sp, state.kind = SPGroup.single(), "ulysses"
+    state.recompute_layers = stage.layer_offset
+    param = next(stage.parameters())
+    part = shard_for_group(LMTask().pack, [(-1, torch.zeros(2, dtype=torch.long))], "tokens",
+                           state)  # fmt: skip
+    device = param.device
+    if stage.first:
+        x = part["tokens"].to(device)
+    else:
+        x = torch.zeros(part["tokens"].shape[0], stage.hidden, dtype=param.dtype, device=device)
+    out = stage(x, part)
+    (out.sum() * 0.0).backward()
+
+
 def global_view(stage: PipelineStage) -> nn.Module:
     """A module tree with the whole model's paths holding only this stage's parameters and
     persistent buffers (the same objects): its state dict names them as the model's does,
