@@ -107,3 +107,36 @@ def test_what_is_not_built_is_refused_before_anything_changes():
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     with pytest.raises(PipelinePlanError, match="sharding: not built for this rank's stage"):
         check_task(LMTask(), object(), stage)
+
+
+def job_checkpoint(ctx, plan_json: str, ckdir: str):
+    """A zero1 stage trained one step and saved; a fresh zero1 stage (another init) loads it:
+    (whole parameters by name after the step, after the load; optimizer entries loaded)."""
+    from dcp_opt.runtime import checkpoint
+
+    plan = Plan.from_json(plan_json)
+    out = []
+    for seed, train in ((3, True), (11, False)):
+        model, state, task = make_model(seed), SPState(), LMTask()
+        parallelize(model, state, sync_weights=False)
+        stage = build_stage(model, plan.pipeline.stage_layers, ctx.rank // plan.num_ranks)
+        names = {id(p): n for n, p in stage.model_parameter_names().items()}
+        order = [names[id(p)] for p in stage.parameters()]
+        sh = shard(stage, adamw, mode="zero1", pool=ctx.pool, task=task)
+        if train:
+            execute_step(plan, task, stage, make_data(BATCH, seed), pool=ctx.pool, state=state,
+                         step=0, sharding=sh)  # fmt: skip
+            checkpoint.save(ckdir, model=stage, optimizer=sh.optimizer, step=1)
+        else:
+            assert checkpoint.load(ckdir, model=stage, optimizer=sh.optimizer) == 1
+        whole = [p.full_tensor() for p in stage.parameters()]
+        out.append({n: p.detach().clone() for n, p in zip(order, whole, strict=True)})
+    return out[0], out[1], len(sh.optimizer.state)
+
+
+@pytest.mark.dist
+def test_a_sharded_stage_checkpoints_and_loads(workers, tmp_path):
+    plan = cases()["pp2 x sp2 ulysses, 1f1b"]
+    for saved, loaded, entries in workers.run(job_checkpoint, plan.to_json(), str(tmp_path)):
+        assert saved.keys() == loaded.keys() and entries == len(saved)
+        assert all(torch.equal(saved[n], loaded[n]) for n in saved)
