@@ -2,7 +2,8 @@
 pipeline run"): on 4 gloo ranks (2 stages x 2 units, TinyLM in float64), DcpLoader plans each
 batch with pp_greedy at a fixed layer split and hands every rank its unit's samples; each rank
 saves its stage under the whole model's names. A run resumed from the step-2 checkpoint
-reaches the uninterrupted run's parameters and sees the same batches; the checkpoint's
+reaches the uninterrupted run's parameters and sees the same batches, on the same world and
+on 2 ranks (2 stages x 1 unit: the loader replans the rest of the epoch); the checkpoint's
 manifest lists the whole model; it loads into another layer split (each stage reads its
 layers by name) and into the unsplit model on every rank."""
 
@@ -31,13 +32,13 @@ def sample(i: int) -> torch.Tensor:
     return (3 * i + (1 + i % 3) * torch.arange(LENGTHS[i] + 1)) % CFG.vocab_size
 
 
-def build(rank: int, split, init_seed: int):
+def build(rank: int, split, init_seed: int, world: int = WORLD):
     torch.manual_seed(init_seed)
     state = SPState()
     model = parallelize(TinyLM(CFG).double(), state, sync_weights=False)
-    stage = build_stage(model, split, rank // (WORLD // len(split)))
+    stage = build_stage(model, split, rank // (world // len(split)))
     opt = torch.optim.AdamW(stage.parameters(), lr=0.05)
-    cost = cpu_cost_model(model_spec(CFG), WORLD, fit_tokens=12.0)
+    cost = cpu_cost_model(model_spec(CFG), world, fit_tokens=12.0)
     options = {"pp": len(split), "stage_layers": split}
     loader = DcpLoader([sample(i) for i in range(len(LENGTHS))], LENGTHS, cost, batch_size=4,
                        planner="pp_greedy", planner_options=options, seed=5, agree="broadcast")  # fmt: skip
@@ -47,7 +48,7 @@ def build(rank: int, split, init_seed: int):
 def job_train(ctx, ckdir: str, stop: int, save_at: tuple, resume: bool, init_seed: int):
     """Train to `stop` steps (resuming first if asked): per step the batch's sequence ids and
     the plan's form; this stage's parameters (by model name) at each save and at the end."""
-    _, stage, opt, loader, state = build(ctx.rank, SPLIT, init_seed)
+    _, stage, opt, loader, state = build(ctx.rank, SPLIT, init_seed, ctx.world_size)
     step = checkpoint.load(ckdir, model=stage, optimizer=opt, loader=loader) if resume else 0
     log, saved = [], {}
     while step < stop:
@@ -134,3 +135,21 @@ def test_a_pipeline_checkpoint_loads_into_another_split_and_the_whole_model(work
     for step, got in workers.run(job_load_whole, str(ckdir)):
         assert step == SAVE_AT and got.keys() == at_save.keys()
         assert all(torch.equal(got[n], at_save[n]) for n in got)
+
+
+@pytest.mark.dist
+def test_a_pipeline_run_resumes_on_another_world(uninterrupted):
+    """Saved on 4 ranks (2 units a stage), resumed on 2 (1 unit a stage)."""
+    ckdir, ranks = uninterrupted
+    log, _, final = ranks[0]
+    whole = {}
+    for r in range(WORLD):
+        whole.update(ranks[r][2])
+    w2 = DistWorkers(2, timeout_s=120.0)
+    try:
+        resumed = w2.run(job_train, str(ckdir), STOP, (), True, 3)
+    finally:
+        w2.close()
+    for log_r, _, final_r in resumed:
+        assert log_r == log[SAVE_AT:]  # the same batches, replanned for 2 ranks
+        assert max_relative_error([final_r[n] for n in final_r], [whole[n] for n in final_r]) <= TOL
