@@ -60,6 +60,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.tensor import distribute_tensor
 
 from dcp_opt.errors import DcpOptError
 
@@ -179,6 +180,7 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was interrupted
         tmp.mkdir()
     _barrier()
+    _whole_strided(state, template=False)
     with _one_process(world):
         dcp.save(state, checkpoint_id=str(tmp), no_dist=world == 1)
     _barrier()
@@ -237,6 +239,7 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
             stateful.load_state_dict(saved_loader)  # checks before it changes anything
         flat = info.manifest.get("optimizer_flat", False)
         state = _state(model, optimizer, flat=flat)
+        strided = _whole_strided(state, template=True)
         world = _rank_world()[1]
         with _one_process(world):
             dcp.load(
@@ -246,6 +249,9 @@ def load(directory, *, model, optimizer=None, loader=None, path=None) -> int:
                 planner=SafeLoadPlanner(),
                 no_dist=world == 1,
             )
+        for parent, key, was in strided:  # each rank's blocks of the whole tensor read
+            parent[key] = distribute_tensor(parent[key], was.device_mesh, was.placements,
+                                            src_data_rank=None)  # fmt: skip
         if optimizer is None:
             set_model_state_dict(model, state["model"])
         else:
@@ -376,6 +382,28 @@ def _state(model, optimizer, *, flat: bool = False) -> dict:
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optim": optim_sd}
+
+
+def _whole_strided(tree, *, template: bool) -> list:
+    """Replace, in place, every DTensor of `tree` (nested dicts and lists) split in
+    interleaved blocks (tensor_parallel.is_strided: TinyLM's fused qkv under TP) by its whole
+    tensor (`template`: an empty one of its global shape, for DCP to read into): DCP cannot
+    write such a split as a chunk (its offsets overlap: the first TP checkpoint test failed
+    that way), and the whole tensor is what every layout reads. Returns (parent, key, the
+    DTensor replaced) for each. The TP ranks of a unit hold the same whole tensor, which DCP
+    writes once; it costs one such tensor's bytes per rank while saving."""
+    from .tensor_parallel import is_strided
+
+    out = []
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree)
+    for key, value in list(items):
+        if isinstance(value, (dict, list)):
+            out += _whole_strided(value, template=template)
+        elif is_strided(value):
+            whole = torch.empty(value.shape, dtype=value.dtype, device=value.to_local().device)
+            tree[key] = whole if template else value.full_tensor()
+            out.append((tree, key, value))
+    return out
 
 
 def _tensors(model_sd: dict) -> dict:

@@ -258,6 +258,13 @@ def check_plan_heads(plan, model: nn.Module) -> None:
                 )
 
 
+def is_strided(t) -> bool:
+    """Whether `t` is a DTensor split in interleaved blocks (FusedColwiseParallel's
+    _StridedShard), which torch.distributed.checkpoint cannot write as a chunk (its offsets
+    overlap): runtime/checkpoint.py writes such a tensor whole."""
+    return any(isinstance(p, _StridedShard) for p in getattr(t, "placements", ()))
+
+
 def fsdp_placement(param):
     """FSDP2's `shard_placement_fn` over the units (runtime/sharding.py with tp): a fused
     projection's rows are already split as interleaved blocks over TP, and FSDP2's own split

@@ -225,3 +225,47 @@ def test_a_model_not_split_for_the_plans_tensor_parallelism_is_refused(workers):
     for msg, same in workers.run(job_unsplit, plan.to_json()):
         assert "model: its parameters are not split by tensor parallelism of degree 2" in msg
         assert same
+
+
+def job_checkpoint(ctx, plan_json: str, ckdir: str):
+    """A TP stage trained one step and saved (its DTensor shards under the model's names); a
+    fresh TP stage of another init loads it; the unsplit model (no TP) loads it on every rank.
+    (this stage's full parameters by name after the step, after the load; the whole model's
+    after its load)."""
+    from dcp_opt.runtime import checkpoint
+
+    plan = Plan.from_json(plan_json)
+    tp = groups(plan.tensor_parallel, plan.pipeline.num_stages)
+    got = []
+    for seed, train in ((3, True), (11, False)):
+        model, state = make_model(seed), SPState()
+        parallelize(model, state, sync_weights=False)
+        apply_tensor_parallel(model, tp)
+        stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+        opt = torch.optim.AdamW(stage.parameters(), lr=0.05)
+        if train:
+            execute_step(plan, LMTask(), stage, make_data(BATCH, seed), pool=ctx.pool,
+                         state=state, step=0, tp=tp)  # fmt: skip
+            opt.step()
+            checkpoint.save(ckdir, model=stage, optimizer=opt, step=1)
+        else:
+            assert checkpoint.load(ckdir, model=stage, optimizer=opt) == 1
+        got.append({n: full(p) for n, p in stage.model_parameter_names().items()})
+    whole = make_model(13)
+    parallelize(whole, SPState(), sync_weights=False)
+    assert checkpoint.load(ckdir, model=whole) == 1
+    return got[0], got[1], {n: full(p) for n, p in whole.named_parameters()}
+
+
+@pytest.mark.dist
+def test_a_tensor_parallel_stage_checkpoints_and_loads_anywhere(workers, tmp_path):
+    plan = cases()["pp2 x tp2 columns, 1f1b"]
+    results = workers.run(job_checkpoint, plan.to_json(), str(tmp_path))
+    saved = {}
+    for trained, loaded, _ in results:
+        assert trained.keys() == loaded.keys()
+        assert all(torch.equal(trained[n], loaded[n]) for n in trained)
+        saved.update(trained)
+    for _, _, whole in results:  # every stage's TP shards, read back whole without TP
+        assert whole.keys() == saved.keys()
+        assert all(torch.equal(whole[n], saved[n]) for n in whole)
