@@ -25,3 +25,19 @@ def objective(per_token_losses: list, kind: str):
     if kind == "samples":
         return sum(x.mean() for x in per_token_losses) / len(per_token_losses)
     raise ValueError(f"kind: {kind!r}; allowed: {KINDS}")
+
+
+def lm_objective(model, data: dict, kind: str):
+    """The objective of a TinyLM (or any model called as model(tokens, positions, segments))
+    on `data` {sequence id: L + 1 token ids}: each sequence alone, unpacked, next-token
+    cross-entropy per token, then `objective`."""
+    import torch
+    import torch.nn.functional as F
+
+    per_token = []
+    for sid in sorted(data):
+        x = data[sid]
+        pos = torch.arange(x.shape[0] - 1)
+        logits = model(x[:-1], pos, torch.zeros_like(pos))
+        per_token.append(F.cross_entropy(logits, x[1:], reduction="none"))
+    return objective(per_token, kind)

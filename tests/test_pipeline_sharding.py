@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from dcp_opt.runtime import LMTask, SPState, execute_step, parallelize
 from dcp_opt.runtime.pipeline import PipelinePlanError, build_stage
 from dcp_opt.runtime.sharding import shard
@@ -20,7 +19,7 @@ from dcp_opt.runtime.testing import DistWorkers
 from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Plan
 
-from .reference import objective
+from .reference import lm_objective
 from .test_pipeline_runtime import BATCH, cases, make_data, make_model
 
 TOL = 1e-9
@@ -53,13 +52,7 @@ def reference(kind: str, seed: int):
     """Single-process AdamW on the whole batch, each sequence alone (tests/reference.py)."""
     model, data = make_model(seed), make_data(BATCH, seed)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    per_token = []
-    for sid in sorted(data):
-        x = data[sid]
-        pos = torch.arange(x.shape[0] - 1)
-        logits = model(x[:-1], pos, torch.zeros_like(pos))
-        per_token.append(F.cross_entropy(logits, x[1:], reduction="none"))
-    loss = objective(per_token, kind)
+    loss = lm_objective(model, data, kind)
     loss.backward()
     adamw(model.parameters()).step()
     return (

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from dcp_opt.runtime import (
     DiffusionTask,
     DiTConfig,
@@ -32,7 +31,7 @@ from dcp_opt.cost import SHARDING_MODES
 from dcp_opt.errors import DcpOptError
 from dcp_opt.plan import Group, MicroBatch, Plan
 
-from .reference import objective
+from .reference import lm_objective, objective
 
 TOL = 1e-9
 CFG = LMConfig(vocab_size=32, hidden=16, num_heads=4, num_layers=3, ffn_hidden=24)
@@ -102,13 +101,7 @@ def reference(plan: Plan, batch: Batch, seed: int):
 def _reference(kind: str, batch: Batch, seed: int):
     model, data = make_model(seed), make_data(batch, seed)
     before = [p.detach().clone() for p in model.parameters()]
-    per_token = []
-    for sid in sorted(data):
-        x = data[sid]
-        pos = torch.arange(x.shape[0] - 1)
-        logits = model(x[:-1], pos, torch.zeros_like(pos))
-        per_token.append(F.cross_entropy(logits, x[1:], reduction="none"))
-    loss = objective(per_token, kind)
+    loss = lm_objective(model, data, kind)
     loss.backward()
     adamw(model.parameters()).step()
     return float(loss.detach()), before, [p.detach().clone() for p in model.parameters()]

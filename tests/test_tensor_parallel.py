@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from dcp_opt.runtime import LMConfig, LMTask, SPState, TinyLM, execute_step, parallelize
 from dcp_opt.runtime.groups import TPGroups
 from dcp_opt.runtime.sharding import shard
@@ -26,7 +25,7 @@ from dcp_opt.runtime.testing import DistWorkers
 from dcp_opt import Batch, Cluster, CostModel, ModelSpec, make_plan
 from dcp_opt.plan import Group, MicroBatch, Plan
 
-from .reference import objective
+from .reference import lm_objective
 
 TOL = 1e-9
 CFG = LMConfig(vocab_size=32, hidden=16, num_heads=4, num_layers=2, ffn_hidden=24)
@@ -119,13 +118,7 @@ def job_step(ctx, plan_json: str, seed: int, mode: str | None = None):
 def reference(kind: str, seed: int):
     model, data = make_model(seed), make_data(BATCH, seed)
     before = [p.detach().clone() for p in model.parameters()]
-    per_token = []
-    for sid in sorted(data):
-        x = data[sid]
-        pos = torch.arange(x.shape[0] - 1)
-        logits = model(x[:-1], pos, torch.zeros_like(pos))
-        per_token.append(F.cross_entropy(logits, x[1:], reduction="none"))
-    loss = objective(per_token, kind)
+    loss = lm_objective(model, data, kind)
     loss.backward()
     grads = [p.grad.detach().clone() for p in model.parameters()]
     adamw(model.parameters()).step()
