@@ -161,15 +161,18 @@ def global_view(stage: PipelineStage) -> nn.Module:
     parameters."""
     mine = {id(t) for t in (*stage.parameters(), *stage.buffers())}
     view = nn.Module()
+    made = {"": view}  # module path -> the view's module there
     for name, t in stage.model.state_dict(keep_vars=True).items():
         if id(t) not in mine:
             continue
         *path, leaf = name.split(".")
-        at = view
+        at, where = view, ""
         for part in path:
-            if part not in at._modules:
-                at.add_module(part, nn.Module())
-            at = at._modules[part]
+            here = f"{where}.{part}" if where else part
+            if here not in made:
+                made[here] = nn.Module()
+                at.add_module(part, made[here])
+            at, where = made[here], here
         if isinstance(t, nn.Parameter):
             at.register_parameter(leaf, t)
         else:
