@@ -23,8 +23,9 @@ every rank, and loaded so that each rank reads only the samples its groups train
   the training step's collectives nor touches a GPU stream, even when a DataLoader asks for
   batches ahead; every broadcast names its (epoch, batch), checked on receipt.
   `agree="deterministic"` plans on every rank with a deterministic planner (greedy, or cpsat
-  with `deterministic=True`). The executor's fingerprint check catches any disagreement
-  before the step's collectives.
+  with `deterministic=True`); the pipeline planners, whose deadlines are CPU seconds, are
+  refused with it (TIMED_PLANNERS). The executor's fingerprint check catches any
+  disagreement before the step's collectives.
 - Loading: a sequence id is the sample's dataset index. A rank reads `dataset[i]` only for
   the sequences of the micro-batches of groups it belongs to: DataLoader workers receive
   exactly those ids (the sampler yields them, in plan order, and keeps the batch's plan;
@@ -71,6 +72,9 @@ from .elastic import raise_with_restart_hint
 from .groups import group_timeout
 
 AGREE_MODES = ("broadcast", "deterministic")
+# Planners whose answer depends on the CPU time they get (a deadline in process time): ranks
+# planning alone could disagree, so agree="deterministic" refuses them up front.
+TIMED_PLANNERS = ("pp_greedy", "pp_cpsat")
 STATE_VERSION = 1
 
 
@@ -142,6 +146,12 @@ class DcpBatchSampler(Sampler[list[int]]):
         self.planner_options = dict(planner_options or {})
         if agree == "deterministic" and self.planner == "cpsat":
             self.planner_options.setdefault("deterministic", True)
+        if agree == "deterministic" and self.planner in TIMED_PLANNERS:
+            raise DcpOptError(
+                f"agree: 'deterministic' with planner {self.planner!r}, whose plan depends on "
+                "the CPU time it gets, so ranks planning alone could disagree; allowed: "
+                "agree='broadcast' (rank 0 plans)"
+            )
         form_batches(self.shapes, [], batch_size=batch_size, max_tokens=max_tokens)  # check
         self.epoch = 0
         self._position = self._next_start = 0  # batches handed out / where the next pass starts

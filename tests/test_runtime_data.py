@@ -396,6 +396,19 @@ def test_deterministic_agreement_asks_cpsat_for_its_deterministic_mode():
     assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).sampler.planner_options == {}
 
 
+def test_deterministic_agreement_refuses_the_planners_timed_in_cpu_seconds():
+    # pp_greedy's and pp_cpsat's plans depend on the CPU time they get: ranks planning alone
+    # could disagree (the executor's hash check would stop the step; this says why up front)
+    for planner in ("pp_greedy", "pp_cpsat"):
+        kw = dict(batch_size=2, planner=planner, planner_options={"pp": 2}, rank=0, world_size=1)
+        with pytest.raises(
+            DcpOptError,
+            match=f"agree: 'deterministic' with planner '{planner}'.*allowed: agree='broadcast'",
+        ):
+            DcpLoader([0], [3], cost_for(1), agree="deterministic", **kw)
+        assert DcpLoader([0], [3], cost_for(1), agree="broadcast", **kw).sampler.planner == planner
+
+
 # ---- torch DataLoader workers ----------------------------------------------------------------
 class LoggingDataset(torch.utils.data.Dataset):
     """Token sequences; every read appends 'pid index' to a file (DataLoader workers are other
