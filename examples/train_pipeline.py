@@ -63,7 +63,7 @@ def parse_args():
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sharding", choices=("none", "zero1", "zero2", "zero3"), default="none",
-                    help="ZeRO over each stage's ranks (FSDP2); not with --tp")  # fmt: skip
+                    help="ZeRO over each stage's ranks (FSDP2; with --tp, 2-D)")  # fmt: skip
     ap.add_argument("--checkpoint-dir", default=None, help="save here; resume from here")
     ap.add_argument("--checkpoint-every", type=int, default=5)
     return ap.parse_args()
@@ -90,13 +90,14 @@ def plan_on_rank0(rank: int, batch: Batch, cost, args, split) -> Plan:
     return Plan.from_json(box[0])
 
 
-def make_optimizer(stage, args, pool):
+def make_optimizer(stage, args, pool, tp):
     """(stage, AdamW over its parameters, its Sharding or None). Sharded: FSDP2 over the
-    stage's ranks, the optimizer over the shards, stepped by execute_step."""
+    stage's ranks (with --tp, its units of each TP rank), the optimizer over the shards,
+    stepped by execute_step."""
     make = lambda ps: torch.optim.AdamW(ps, lr=args.lr)  # noqa: E731
     if args.sharding == "none":
         return stage, make(stage.parameters()), None
-    sharding = shard(stage, make, mode=args.sharding, pool=pool, task=LMTask())
+    sharding = shard(stage, make, mode=args.sharding, pool=pool, task=LMTask(), tp=tp)
     return stage, sharding.optimizer, sharding
 
 
@@ -105,8 +106,6 @@ def main():
     rank, world = init_distributed()
     if world % (args.pp * args.tp):
         raise SystemExit(f"--pp {args.pp} x --tp {args.tp} must divide the world ({world})")
-    if args.sharding != "none" and args.tp > 1:
-        raise SystemExit("--sharding with --tp: FSDP with TP inside the stages is not built")
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     cfg = LMConfig(vocab_size=64, hidden=64, num_heads=4, num_layers=4, ffn_hidden=128)
 
@@ -131,7 +130,7 @@ def main():
         if stage is None:  # the first plan's split, for the whole run
             split = plan.pipeline.stage_layers
             stage = build_stage(model, split, stage_of(plan, rank))
-            stage, optimizer, sharding = make_optimizer(stage, args, pool)
+            stage, optimizer, sharding = make_optimizer(stage, args, pool, tp)
             if args.checkpoint_dir:  # 0 on the first run
                 done = checkpoint.resume(args.checkpoint_dir, model=stage, optimizer=optimizer)
                 if done > step:

@@ -311,7 +311,7 @@ def shard(
             "GroupPool.create() after torch.distributed.init_process_group"
         )
     mesh = _mesh(mode, pool, shard_domain) if tp is None else _tp_mesh(tp, shard_domain)
-    if stage:  # a pipeline stage: over the stage's ranks (its units), rank // n its stage
+    if stage and tp is None:  # a pipeline stage: over the stage's ranks (its units)
         n = dist.get_world_size() // model.num_stages
         mesh = DeviceMesh.from_group(pool.get(model.stage * n, n), mesh.device_type)
     policy = MixedPrecisionPolicy(
@@ -329,7 +329,8 @@ def shard(
         u.set_force_sum_reduction_for_comms(True)
     optimizer = make_optimizer(model.parameters())
     out = Sharding(mode, model, optimizer, units, sample, dtype, shard_domain=shard_domain)
-    out.loss_group = None if tp is None else tp.dp_group
+    out.loss_group = None if tp is None or stage else tp.dp_group  # a stage: the world's
+    # sum, the pipeline executor counting each unit's loss once (its TP rank 0's)
     if stage:
         from .pipeline.stages import empty_pass
 
@@ -340,16 +341,21 @@ def shard(
 def _stage_of(model: nn.Module, mode: str, tp, shard_domain: int) -> bool:
     """Whether `model` is a pipeline stage (build_stage's), and if so that this sharding is
     built for stages: step-level zero1 / zero2 / zero3 over the stage's ranks (a `none`
-    replica's world all-reduce and per-layer domains would cross stages; TP not built)."""
+    replica's world all-reduce and per-layer domains would cross stages); with `tp`, a
+    runtime.groups.PipelineTPGroups, over the stage's units of this TP rank (its "dp" column,
+    as FSDP2 + TP without a pipeline)."""
+    from .groups import PipelineTPGroups
     from .pipeline.stages import PipelineStage
 
     if not isinstance(model, PipelineStage):
         return False
-    if mode not in TP_MODES or tp is not None or shard_domain:
+    if mode not in TP_MODES or shard_domain or (tp is not None and not isinstance(
+            tp, PipelineTPGroups)):  # fmt: skip
         raise DcpOptError(
             f"model: a pipeline stage with mode {mode!r}, shard_domain {shard_domain}"
-            f"{', tp' if tp is not None else ''}; allowed: mode 'zero1', 'zero2' or 'zero3' "
-            "with shard_domain 0 and no tp (the step-level schedule over the stage's ranks)"
+            f"{f', tp {type(tp).__name__}' if tp is not None else ''}; allowed: mode 'zero1', "
+            "'zero2' or 'zero3' with shard_domain 0, tp None or PipelineTPGroups (the "
+            "step-level schedule over the stage's ranks)"
         )
     return True
 

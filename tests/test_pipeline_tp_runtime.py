@@ -197,8 +197,55 @@ def test_pp2_x_sp2_x_tp2_on_eight_ranks_equals_single_process():
                                                for j in (0, 1)]  # fmt: skip
             worst = worst_error(results, want_loss, want)
             assert worst <= TOL, (plan.pipeline.micro_steps, worst)
+        # and ZeRO over each stage's units of each TP rank (FSDP2 on the ("dp", "tp") mesh)
+        sharded_step_is_adamw(w.run(job_sharded, columns.to_json(), "zero1", 3, 5))
     finally:
         w.close()
+
+
+def job_sharded(ctx, plan_json: str, mode: str, seed: int, step: int):
+    """One sharded step of a TP stage: (loss, its whole parameters by model name after
+    AdamW)."""
+    from dcp_opt.runtime.sharding import shard
+
+    from .test_pipeline_sharding import adamw
+
+    plan = Plan.from_json(plan_json)
+    tp = groups(plan.tensor_parallel, plan.pipeline.num_stages)
+    model, state = make_model(seed), SPState()
+    parallelize(model, state, sync_weights=False)
+    apply_tensor_parallel(model, tp)
+    stage = build_stage(model, plan.pipeline.stage_layers, stage_of(plan, ctx.rank))
+    names = {id(p): n for n, p in stage.model_parameter_names().items()}
+    order = [names[id(p)] for p in stage.parameters()]  # fully_shard swaps the objects
+    sh = shard(stage, adamw, mode=mode, pool=ctx.pool, task=LMTask(), tp=tp)
+    report = execute_step(plan, LMTask(), stage, make_data(BATCH, seed), pool=ctx.pool,
+                          state=state, step=step, batch=BATCH, tp=tp, sharding=sh)  # fmt: skip
+    return report.loss, {n: full(p) for n, p in zip(order, stage.parameters(), strict=True)}
+
+
+def sharded_step_is_adamw(results) -> None:
+    """Every rank's loss and whole parameters equal single-process AdamW on the batch, to
+    TOL of the update; the stages cover the model."""
+    from .test_pipeline_sharding import reference as adamw_reference
+
+    want_loss, before, want = adamw_reference("tokens", seed=3)
+    covered = set()
+    for loss, got in results:
+        assert abs(loss - want_loss) <= TOL * abs(want_loss), (loss, want_loss)
+        for n, g in got.items():
+            err = float((g - want[n]).norm()) / max(float((want[n] - before[n]).norm()), 1e-300)
+            assert err <= TOL, f"{n}: {err:.3e}"
+        covered |= set(got)
+    assert covered == set(want)
+
+
+@pytest.mark.dist
+def test_a_sharded_tensor_parallel_stage_step_is_adamw(workers):
+    # 2 stages x 1 unit x TP 2: FSDP2 over one unit on the ("dp", "tp") mesh (the 8-rank
+    # test above shards over 2 units)
+    sharded_step_is_adamw(workers.run(job_sharded, cases()["pp2 x tp2 columns, 1f1b"].to_json(),
+                                      "zero3", 3, 5))  # fmt: skip
 
 
 def job_unsplit(ctx, plan_json: str):

@@ -21,12 +21,12 @@ class PipelinePlanError(DcpOptError):
 
 
 def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
-                        tp=None, sharded: bool = False) -> None:  # fmt: skip
+                        tp=None) -> None:  # fmt: skip
     """The job's layout: world = stages x units x tensor_parallel, the stage built for this
     plan's split and for `rank`'s stage, a schedule this runtime runs, `tp` (a
-    runtime.groups.PipelineTPGroups) exactly when the plan has tensor parallelism.
-    sharded: the stage is FSDP2's (check_task: without tp), whose DTensor parameters are
-    its shards, not a tensor-parallel split."""
+    runtime.groups.PipelineTPGroups) exactly when the plan has tensor parallelism: every
+    parameter split over a "tp" mesh dimension of the plan's degree (`_tp_size`; FSDP2's
+    shards over the stage's ranks are not a split)."""
     pipe = plan.pipeline
     p, t = pipe.num_stages, plan.tensor_parallel
     if not isinstance(stage, PipelineStage):
@@ -41,10 +41,7 @@ def check_pipeline_plan(plan: Plan, world: int, rank: int, stage: PipelineStage,
             "without tp, or tp=PipelineTPGroups.create(t, stages) and a model split by "
             "apply_tensor_parallel(model, tp) before build_stage"
         )
-    split = {getattr(q, "device_mesh", None) is not None and not sharded
-             for q in stage.parameters()}  # fmt: skip
-    if split != {tp is not None} or (tp is not None and any(
-            q.device_mesh.size() != t for q in stage.parameters())):  # fmt: skip
+    if {_tp_size(q) for q in stage.parameters()} != {t}:
         raise PipelinePlanError(
             f"model: its parameters are {'not ' if tp is not None else ''}split by tensor "
             f"parallelism{f' of degree {t}' if tp is not None else ''} but the plan's "
@@ -114,9 +111,19 @@ def check_groups(plan: Plan, pool) -> None:
             )
 
 
+def _tp_size(q) -> int:
+    """The size of the "tp" dimension of a DTensor parameter's mesh (apply_tensor_parallel's:
+    ("tp",) alone, or ("dp", "tp") once FSDP2 shards it too); 1 for a plain tensor or a mesh
+    without one (FSDP2 over a stage's ranks alone)."""
+    mesh = getattr(q, "device_mesh", None)
+    names = (getattr(mesh, "mesh_dim_names", None) or ()) if mesh is not None else ()
+    return mesh.size(names.index("tp")) if "tp" in names else 1
+
+
 def check_task(task, sharding, stage=None, tp=None) -> None:
     """The task, and a sharding: one `shard(stage, ...)` built for this very stage
-    (step-level zero1 / zero2 / zero3 over the stage's ranks), without tensor parallelism."""
+    (step-level zero1 / zero2 / zero3 over the stage's ranks; with tensor parallelism, over
+    the stage's units of each TP rank: shard(stage, ..., tp=tp)). `tp`: unused here."""
     if type(task).__name__ not in TASKS:
         raise PipelinePlanError(
             f"task: {type(task).__name__} cannot run under a pipeline; allowed: {list(TASKS)}"
@@ -130,10 +137,6 @@ def check_task(task, sharding, stage=None, tp=None) -> None:
     )
     if getattr(sharding, "model", None) is not stage or stage is None:
         raise PipelinePlanError(f"sharding: not built for this rank's stage; {allowed}")
-    if tp is not None:
-        raise PipelinePlanError(
-            f"sharding: with tensor parallelism inside the stages not built yet; {allowed}"
-        )
 
 
 def stage_of(plan: Plan, rank: int) -> int:

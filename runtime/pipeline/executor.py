@@ -126,7 +126,7 @@ def execute_pipeline_step(
     t_check = time.perf_counter()
     world, rank = dist.get_world_size(), dist.get_rank()
     check_task(task, sharding, stage, tp)
-    check_pipeline_plan(plan, world, rank, stage, tp, sharded=sharding is not None)
+    check_pipeline_plan(plan, world, rank, stage, tp)
     content_hash = plan.content_hash()
     check_plan_once(
         plan,
@@ -165,7 +165,8 @@ def execute_pipeline_step(
         total = _reduce(run)
     else:  # reduce-scatter over the stage's ranks, optimizer step, loss over the world
         kind = plan.normalizer_kind
-        total = sharding.finish_step(task, state, step=step, kind=kind, loss=run.loss)
+        loss = run.loss if tp is None or not tp.tp_rank else torch.zeros_like(run.loss)
+        total = sharding.finish_step(task, state, step=step, kind=kind, loss=loss)
     _sync()
     end = time.perf_counter()
     state.sp, state.recompute_layers, state.kind = SPGroup.single(), 0, "ulysses"

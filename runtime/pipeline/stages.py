@@ -133,7 +133,9 @@ def empty_pass(stage: PipelineStage, state) -> None:
     """One token through the stage alone, its output x 0 backward: every parameter's
     gradient gets an exact zero, so each FSDP unit of the stage runs its reduce-scatter once
     (runtime/sharding.py's closing micro-step, per stage: no transfer, since the other
-    stages' passes are not needed for a zero). SP degree 1, nothing recomputed."""
+    stages' passes are not needed for a zero). SP degree 1, nothing recomputed; under
+    tensor parallelism the execute step's `state.tp_degree` pads the token to a multiple of
+    it, as every micro-batch."""
     from ..cp import shard_for_group
     from ..sp import SPGroup
     from ..tasks import LMTask
@@ -146,8 +148,9 @@ def empty_pass(stage: PipelineStage, state) -> None:
     device = param.device
     if stage.first:
         x = part["tokens"].to(device)
-    else:
-        x = torch.zeros(part["tokens"].shape[0], stage.hidden, dtype=param.dtype, device=device)
+    else:  # under TP (state.tp_degree t) a GPU's share of the padded stream, as _forward's
+        rows = part["tokens"].shape[0] // max(state.tp_degree, 1)
+        x = torch.zeros(rows, stage.hidden, dtype=param.dtype, device=device)
     out = stage(x, part)
     (out.sum() * 0.0).backward()
 
