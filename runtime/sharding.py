@@ -260,6 +260,13 @@ def _mesh(mode: str, pool: GroupPool, shard_domain: int) -> DeviceMesh:
     return DeviceMesh.from_group(group, device)
 
 
+def _stage_mesh(stage, pool: GroupPool) -> DeviceMesh:
+    """A pipeline stage's ranks (its units: rank // n is the stage, n = world / stages)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    n = dist.get_world_size() // stage.num_stages
+    return DeviceMesh.from_group(pool.get(stage.stage * n, n), device)
+
+
 def _tp_mesh(tp, shard_domain: int) -> DeviceMesh:
     """Under tensor parallelism FSDP2 shards over the data-parallel column of the TP mesh
     ("dp": the GPUs of this TP rank, one per unit), which must share the TP mesh's root so
@@ -294,7 +301,10 @@ def shard(
     (as torchtitan's 2-D FSDP + TP), so each GPU holds 1 / (units) of its TP shard.
     `shard_domain` > 0 (mode zero3, the plan's Plan.shard_domain): ZeRO-3 per layer over
     aligned blocks of that many ranks; under `tp` that many units (HSDP + TP: each GPU holds
-    1 / s of its TP shard, replicated across the units / s domains; `_tp_mesh`)."""
+    1 / s of its TP shard, replicated across the units / s domains; `_tp_mesh`).
+    `model` a pipeline stage (build_stage's): zero1 / zero2 / zero3 over the stage's ranks
+    (under `tp`, a PipelineTPGroups, its units of each TP rank), closing each step with the
+    stage's own pass (docs/integration.md, "ZeRO under a pipeline")."""
     _check_inputs(model, make_optimizer, mode, dtype)
     stage = _stage_of(model, mode, tp, shard_domain)
     if tp is not None and mode not in TP_MODES:
@@ -310,10 +320,10 @@ def shard(
             f"pool: expected the GroupPool of this run, got {type(pool).__name__}; allowed: "
             "GroupPool.create() after torch.distributed.init_process_group"
         )
-    mesh = _mesh(mode, pool, shard_domain) if tp is None else _tp_mesh(tp, shard_domain)
-    if stage and tp is None:  # a pipeline stage: over the stage's ranks (its units)
-        n = dist.get_world_size() // model.num_stages
-        mesh = DeviceMesh.from_group(pool.get(model.stage * n, n), mesh.device_type)
+    if tp is not None:
+        mesh = _tp_mesh(tp, shard_domain)
+    else:
+        mesh = _stage_mesh(model, pool) if stage else _mesh(mode, pool, shard_domain)
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if dtype == "bf16" else None,
         reduce_dtype=torch.float32 if dtype == "bf16" else None,
