@@ -121,13 +121,20 @@ def walk_peak(walk, stored: np.ndarray, work: np.ndarray) -> tuple[float, int]:
     """(peak bytes, the action index where it is first reached) of one stage's walk: held
     after each action is the running sum of + stored (forward) and - stored (backward); a
     backward's peak is before it frees, a forward's after it stores."""
-    sign, c, k = walk[:3]
-    if not len(sign):
+    if not len(walk[0]):
         return 0.0, 0
-    vals = stored[c, k]
-    peaks = np.cumsum(sign * vals) + np.where(sign < 0, vals, 0.0) + work[c, k]
+    peaks = held_while_running(walk, stored, work)
     i = int(np.argmax(peaks))
     return float(peaks[i]), i
+
+
+def held_while_running(walk, stored: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Per action of a stage's walk, the bytes held while it runs: the running sum of +
+    stored (forward) and - stored (backward), a backward counted before it frees, plus the
+    action's working set."""
+    sign, c, k = walk[:3]
+    vals = stored[c, k]
+    return np.cumsum(sign * vals) + np.where(sign < 0, vals, 0.0) + work[c, k]
 
 
 @functools.lru_cache(maxsize=256)

@@ -279,7 +279,8 @@ def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, 
         if micro_steps and virtual_stages == 1 and schedule in ("1f1b", "gpipe"):
             ms = here.sibling(stage_layout(cost, Pipeline(layers, schedule, 1, True)))
             scored += [(est, ms, make) for est, make in steps.candidates(ms, degrees, cap)]
-    best = search(scored, search_end, cpu + (1 - TAIL_SHARE) * time_limit_s)
+    limit = cpu + (1 - TAIL_SHARE) * time_limit_s  # no late draft or chunk ends past it
+    best = search(scored, search_end, limit)
     if best is None:
         raise InfeasibleError(
             f"pp_greedy: no degree in {list(degrees)} fits the batch's micro-batches in the "
@@ -288,7 +289,7 @@ def _plan_pp_greedy(batch, cost, pp, schedule, virtual_stages, tensor_parallel, 
         )
     inst, cols = best[-1], best[1]
     del seed  # deterministic: every choice above is ordered
-    local_end, limit = cpu + LOCAL_SHARE * time_limit_s, cpu + (1 - TAIL_SHARE) * time_limit_s
+    local_end = cpu + LOCAL_SHARE * time_limit_s
     if inst.layout.pipeline.micro_steps:
         _, cols = steps.improve(inst, cols, best[2], best[0], local_end, limit)
         return finish_micro_steps(inst, cols, planner="pp_greedy", started=started)

@@ -17,22 +17,21 @@ import math
 
 import numpy as np
 
-from dcp_opt.pipeline.makespan import stage_walk
+from dcp_opt.pipeline.makespan import held_while_running, stage_walk
 
 from .instance import Column, Instance
 
 
 class _Peaks:
-    """One stage's bytes held while each action of its walk runs (makespan.walk_peak's
-    array), kept up to date as recompute lowers a micro-batch's stored bytes: they count
+    """One stage's bytes held while each action of its walk runs (makespan.
+    held_while_running), kept up to date as recompute lowers a micro-batch's stored bytes: they count
     from its forward to its backward on that chunk, so that span drops by the bytes saved.
     fit_recompute asks for the top once a round, hundreds of rounds a draft (a new walk
     each round cost 30 ms a draft at 256 GPUs)."""
 
     def __init__(self, walk, stored: np.ndarray, work: np.ndarray):
-        sign, c, k, self.first_f, self.first_b = walk
-        vals = stored[c, k]
-        self.peaks = np.cumsum(sign * vals) + np.where(sign < 0, vals, 0.0) + work[c, k]
+        _, c, k, self.first_f, self.first_b = walk
+        self.peaks = held_while_running(walk, stored, work)
         self.span = {}  # (c, k) -> [index of its forward, of its backward]
         for i, key in enumerate(zip(c.tolist(), k.tolist(), strict=True)):
             self.span.setdefault(key, []).append(i)
